@@ -1,0 +1,49 @@
+# The two commands: `make run` (the main job) and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PYTHONSAFEPATH := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: venv run test lint typecheck pytest conformance bench clean
+
+venv: $(STAMP)
+
+# A strict editable install links files one by one, so a new module needs a reinstall.
+PACKAGE_FILES := $(shell find framework backends cache sandbox policies -name '*.py' -o -name '*.yaml' -o -name py.typed 2>/dev/null)
+
+$(STAMP): pyproject.toml setup.py $(PACKAGE_FILES) $(wildcard tests/plugins/dummy_backend/*.toml tests/plugins/dummy_backend/*/*.py)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# The local CPU build first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[npu,cuda,rocm,dev]' --config-settings editable_mode=strict
+	# The dummy out-of-tree backend goes beside the venv, not into it: only tests put it on
+	# sys.path (tests/conftest.py), so `hetero devices` never lists fake devices.
+	rm -rf $(VENV)/test-plugins
+	$(BIN)/pip install -q --no-deps --target $(VENV)/test-plugins tests/plugins/dummy_backend
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/hetero devices
+	$(BIN)/hetero plan policies/default.yaml
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy framework backends cache sandbox tests/plugins/dummy_backend
+
+pytest: venv
+	$(BIN)/pytest -q
+	$(BIN)/pytest -q --hetero-backend=npu tests/backends
+	$(BIN)/pytest -q --hetero-backend=dummy tests/backends
+
+test: lint typecheck pytest
+
+bench: venv
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

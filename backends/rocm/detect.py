@@ -1,0 +1,50 @@
+"""Detection of AMD GPUs through amdsmi.
+
+Without ROCm, ``import amdsmi`` prints two lines to stdout and raises ``KeyError`` (not an
+ImportError); detection swallows that output and reports ``amdsmi library not found``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+from hetero.framework.registry import Detection
+
+PRIORITY = 30
+
+
+def _import_amdsmi() -> Any:
+    with contextlib.redirect_stdout(io.StringIO()):
+        import amdsmi
+    return amdsmi
+
+
+def probe_amdsmi() -> tuple[int, str]:
+    """Number of AMD GPUs and a reason; 0 devices means unavailable."""
+    try:
+        amdsmi = _import_amdsmi()
+    except ImportError:
+        return 0, "amdsmi is not installed (pip install 'hetero[rocm]')"
+    except Exception:  # KeyError('libamd_smi.so') when ROCm's library is absent
+        return 0, "amdsmi library not found"
+    try:
+        amdsmi.amdsmi_init()
+    except Exception as err:
+        return 0, f"amdsmi failed to initialise: {err}"
+    try:
+        count = len(amdsmi.amdsmi_get_processor_handles())
+    finally:
+        amdsmi.amdsmi_shut_down()
+    if count == 0:
+        return 0, "amdsmi found no AMD GPUs"
+    return count, f"{count} device(s)"
+
+
+def detect() -> Detection:
+    """Unavailable here with the amdsmi reason; execution is not built yet even where it works."""
+    count, reason = probe_amdsmi()
+    if count == 0:
+        return Detection.missing("rocm", reason)
+    return Detection.missing("rocm", f"{reason}; the rocm execution backend is not built yet")

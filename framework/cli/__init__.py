@@ -1,0 +1,101 @@
+"""The ``hetero`` command line.
+
+Exit codes: 0 success, 2 a user error (bad policy, bad arguments, unknown backend), 1 an
+internal error. No traceback for a user error unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from hetero.framework import envs
+from hetero.framework.cli.commands import run_devices, run_plan
+from hetero.framework.errors import HeteroError, PolicyValidationError
+from hetero.framework.registry import default_registry
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USER = 2
+
+
+def _version() -> str:
+    try:
+        return version("hetero")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(
+        prog="hetero",
+        description="Multimodal inference across heterogeneous accelerators.",
+    )
+    parser.add_argument("--version", action="version", version=f"hetero {_version()}")
+    parser.add_argument("--debug", action="store_true", help="debug logs and full tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    devices = commands.add_parser("devices", help="list devices of every backend")
+    devices.add_argument("--json", action="store_true", help="machine-readable output")
+    plan = commands.add_parser("plan", help="validate a policy and show placement costs")
+    plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _configure_logging(debug: bool, console: Console) -> None:
+    level = "DEBUG" if debug else envs.log_level()
+    handler = RichHandler(console=console, show_path=debug, show_time=debug)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
+    out = Console(soft_wrap=as_json, width=None if sys.stdout.isatty() else 140)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+    try:
+        _configure_logging(args.debug, err)
+        registry = default_registry()
+        if args.command == "devices":
+            return run_devices(out, registry, args.json)
+        if args.command == "plan":
+            return run_plan(out, registry, args.policy, args.json)
+        parser.error(f"unknown command {args.command!r}")
+    except envs.EnvError as error:
+        err.print(f"error: {error}", highlight=False, markup=False)
+        return EXIT_USER
+    except HeteroError as error:
+        if args.debug:
+            err.print_exception()
+        err.print(f"error: {error}", highlight=False, markup=False)
+        if isinstance(error, PolicyValidationError):
+            for line in error.more:
+                err.print(f"error: {line}", highlight=False, markup=False)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        if args.debug:
+            err.print_exception()
+        err.print(
+            f"internal error: {type(error).__name__}: {error} (run with --debug for the traceback)",
+            highlight=False,
+            markup=False,
+        )
+        return EXIT_INTERNAL
+    return EXIT_OK
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Every environment variable hetero reads, parsed strictly, in one place.
+
+=============================  ==========================================================
+``HETERO_PLUGINS``             Comma-separated allow-list of out-of-tree plugin names
+                               (entry point names in ``hetero.backends`` and
+                               ``hetero.plugins``). Unset: all are allowed.
+``HETERO_BACKEND_AUTOLOAD``    ``1`` (default) discovers out-of-tree backends through entry
+                               points; ``0`` loads only built-ins and backends named
+                               explicitly.
+``HETERO_LOG_LEVEL``           Log level for the CLI (``WARNING`` by default).
+=============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["EnvError", "backend_autoload", "log_level", "plugin_allow_list"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+
+
+class EnvError(ValueError):
+    """An environment variable has a value hetero cannot parse."""
+
+
+def plugin_allow_list() -> frozenset[str] | None:
+    """Names in ``HETERO_PLUGINS``, or None when every plugin is allowed."""
+    raw = os.environ.get("HETERO_PLUGINS")
+    if raw is None or not raw.strip():
+        return None
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
+def backend_autoload() -> bool:
+    """Whether out-of-tree backends are discovered through entry points."""
+    raw = os.environ.get("HETERO_BACKEND_AUTOLOAD", "1").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise EnvError(f"HETERO_BACKEND_AUTOLOAD: expected 0 or 1, got {raw!r}")
+
+
+def log_level() -> str:
+    """Log level for the CLI."""
+    raw = os.environ.get("HETERO_LOG_LEVEL", "WARNING").strip().upper()
+    if raw not in _LEVELS:
+        raise EnvError(f"HETERO_LOG_LEVEL: expected one of {sorted(_LEVELS)}, got {raw!r}")
+    return raw

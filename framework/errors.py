@@ -1,0 +1,200 @@
+"""Every error hetero raises, in one tree.
+
+Each class also subclasses the matching built-in, so callers that only know the standard
+library still catch what they expect. Errors carry their context as attributes.
+
+::
+
+    HeteroError
+    ├── PolicyError
+    │   ├── PolicyNotFoundError(PolicyError, FileNotFoundError)     .path
+    │   ├── PolicySyntaxError(PolicyError, ValueError)              .path .line
+    │   └── PolicyValidationError(PolicyError, ValueError)          .path .line .key_path
+    ├── PipelineError(HeteroError, ValueError)
+    │   └── CyclicPipelineError                                     .cycle
+    ├── BackendError
+    │   ├── BackendUnavailableError(BackendError, RuntimeError)     .backend .reason
+    │   ├── BackendLoadError(BackendError, ImportError)             .entry_point .remedy
+    │   ├── UnknownBackendError(BackendError, KeyError)             .backend
+    │   ├── CompileError(BackendError, RuntimeError)                .device .graph
+    │   ├── ExecutionError(BackendError, RuntimeError)              .device .graph
+    │   ├── TransferError(BackendError, RuntimeError)               .src .dst
+    │   └── UnsupportedCapabilityError(BackendError, NotImplementedError)
+    └── DeviceError
+        ├── UnknownDeviceError(DeviceError, KeyError)               .device
+        └── OutOfDeviceMemoryError(DeviceError, MemoryError)        .device .requested .available
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "BackendError",
+    "BackendLoadError",
+    "BackendUnavailableError",
+    "CompileError",
+    "CyclicPipelineError",
+    "DeviceError",
+    "ExecutionError",
+    "HeteroError",
+    "OutOfDeviceMemoryError",
+    "PipelineError",
+    "PolicyError",
+    "PolicyNotFoundError",
+    "PolicySyntaxError",
+    "PolicyValidationError",
+    "TransferError",
+    "UnknownBackendError",
+    "UnknownDeviceError",
+    "UnsupportedCapabilityError",
+]
+
+
+class HeteroError(Exception):
+    """Base of every error raised by hetero."""
+
+
+class PolicyError(HeteroError):
+    """A policy file could not be read or is not valid."""
+
+
+class PolicyNotFoundError(PolicyError, FileNotFoundError):
+    """The policy file does not exist."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: policy file not found")
+
+    def __str__(self) -> str:
+        return f"{self.path}: policy file not found"
+
+
+class PolicySyntaxError(PolicyError, ValueError):
+    """The policy file is not valid YAML."""
+
+    def __init__(self, path: Path | str, line: int | None, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: YAML syntax error: {problem}")
+
+
+class PolicyValidationError(PolicyError, ValueError):
+    """A value in the policy is wrong; the message names file, line and key path."""
+
+    def __init__(self, path: Path | str, line: int | None, key_path: str, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.key_path = key_path
+        self.problem = problem
+        self.more: tuple[str, ...] = ()
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {key_path}: {problem}" if key_path else f"{where}: {problem}")
+
+
+class PipelineError(HeteroError, ValueError):
+    """A pipeline is not a valid DAG of stages."""
+
+
+class CyclicPipelineError(PipelineError):
+    """A pipeline's stages depend on each other in a cycle."""
+
+    def __init__(self, pipeline: str, cycle: tuple[str, ...]) -> None:
+        self.pipeline = pipeline
+        self.cycle = cycle
+        super().__init__(f"pipeline {pipeline!r} has a cycle: {' -> '.join(cycle)}")
+
+
+class BackendError(HeteroError):
+    """A backend failed; vendor exceptions are translated into subclasses of this."""
+
+
+class BackendUnavailableError(BackendError, RuntimeError):
+    """A backend cannot be used on this host."""
+
+    def __init__(self, backend: str, reason: str) -> None:
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"{backend}: {reason}")
+
+
+class BackendLoadError(BackendError, ImportError):
+    """A backend plugin asked for by name could not be loaded."""
+
+    def __init__(self, entry_point: str, problem: str, remedy: str) -> None:
+        self.entry_point = entry_point
+        self.remedy = remedy
+        super().__init__(f"backend plugin {entry_point}: {problem}. {remedy}")
+
+
+class UnknownBackendError(BackendError, KeyError):
+    """No backend of that name is registered."""
+
+    def __init__(self, backend: str, known: tuple[str, ...]) -> None:
+        self.backend = backend
+        self.known = known
+        super().__init__(backend)
+
+    def __str__(self) -> str:
+        known = ", ".join(self.known) or "none"
+        return f"no backend named {self.backend!r} (registered: {known})"
+
+
+class CompileError(BackendError, RuntimeError):
+    """A graph could not be compiled for a device."""
+
+    def __init__(self, device: str, graph: str, problem: str) -> None:
+        self.device = device
+        self.graph = graph
+        super().__init__(f"compiling {graph!r} for {device}: {problem}")
+
+
+class ExecutionError(BackendError, RuntimeError):
+    """A loaded graph failed while running."""
+
+    def __init__(self, device: str, graph: str, problem: str) -> None:
+        self.device = device
+        self.graph = graph
+        super().__init__(f"running {graph!r} on {device}: {problem}")
+
+
+class TransferError(BackendError, RuntimeError):
+    """Data could not be moved between devices."""
+
+    def __init__(self, src: str, dst: str, problem: str) -> None:
+        self.src = src
+        self.dst = dst
+        super().__init__(f"copying from {src} to {dst}: {problem}")
+
+
+class UnsupportedCapabilityError(BackendError, NotImplementedError):
+    """An optional capability (graph capture, peer copy) was used on a backend without it."""
+
+
+class DeviceError(HeteroError):
+    """A device-level failure."""
+
+
+class UnknownDeviceError(DeviceError, KeyError):
+    """No device with that id belongs to the backend."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        super().__init__(device)
+
+    def __str__(self) -> str:
+        return f"unknown device {self.device!r}"
+
+
+class OutOfDeviceMemoryError(DeviceError, MemoryError):
+    """A device has no room for what was asked."""
+
+    def __init__(self, device: str, requested: int, available: int) -> None:
+        self.device = device
+        self.requested = requested
+        self.available = available
+        super().__init__(
+            f"{device}: out of memory: {requested} bytes requested, {available} available"
+        )

@@ -1,0 +1,159 @@
+"""The devices a policy may use: discovered through the registry or declared as simulated,
+then filtered by the policy's allow/deny rules and corrected by its overrides.
+
+A policy that declares simulated devices plans for hardware that is not on the desk, so its
+fleet is those devices alone; otherwise the fleet is what the available backends discover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from dataclasses import dataclass
+
+from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
+from hetero.framework.errors import HeteroError
+from hetero.framework.policy import Policy
+from hetero.framework.policy.schema import DeviceOverride, DevicesConfig, SimulatedDeviceGroup
+from hetero.framework.registry import Detection, Registry
+
+__all__ = ["Fleet", "discover_devices", "resolve_fleet", "simulated_devices"]
+
+logger = logging.getLogger(__name__)
+
+SIM_BACKEND = "sim"
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """Devices in use, plus what was left out and why.
+
+    Attributes:
+        devices: Devices the policy may place work on.
+        unavailable: Backends that could not run here, with their reasons.
+        excluded: ``(device id, reason)`` for devices the policy denied or did not allow.
+        simulated: Whether the devices come from the policy's ``devices.simulated``.
+    """
+
+    devices: tuple[DeviceSpec, ...]
+    unavailable: tuple[Detection, ...] = ()
+    excluded: tuple[tuple[str, str], ...] = ()
+    simulated: bool = False
+
+
+def discover_devices(registry: Registry) -> tuple[list[DeviceSpec], list[Detection]]:
+    """Every device of every available backend, and the backends that are not available.
+
+    A backend that fails while discovering is reported as unavailable, never raised: a broken
+    vendor library must not stop start-up.
+    """
+    devices: list[DeviceSpec] = []
+    unavailable: list[Detection] = []
+    for detection in registry.detections():
+        if not detection.available:
+            unavailable.append(detection)
+            continue
+        try:
+            devices.extend(registry.backend(detection.name).devices())
+        except HeteroError as err:
+            logger.warning("%s: %s", detection.name, err)
+            unavailable.append(Detection.missing(detection.name, str(err)))
+    return devices, unavailable
+
+
+def simulated_devices(groups: tuple[SimulatedDeviceGroup, ...]) -> list[DeviceSpec]:
+    """DeviceSpecs for the policy's simulated groups; devices of a group are fully linked."""
+    devices: list[DeviceSpec] = []
+    for group in groups:
+        ids = [f"{SIM_BACKEND}:{group.name}-{index}" for index in range(group.count)]
+        for device_id in ids:
+            links: tuple[Link, ...] = ()
+            if group.interconnect != "none" and group.interconnect_bandwidth:
+                links = tuple(
+                    Link(
+                        peer=peer,
+                        kind=LinkKind(group.interconnect),
+                        bandwidth_bytes_per_s=group.interconnect_bandwidth,
+                    )
+                    for peer in ids
+                    if peer != device_id
+                )
+            properties = {"simulated": True, "group": group.name}
+            if group.host_bandwidth:
+                properties["host_bandwidth_bytes_per_s"] = group.host_bandwidth
+            devices.append(
+                DeviceSpec(
+                    id=device_id,
+                    device_class=DeviceClass(group.device_class),
+                    vendor_name=group.vendor_name,
+                    backend=SIM_BACKEND,
+                    host=group.host,
+                    memory_bytes=group.memory,
+                    peak_flops=dict(group.peak_flops),
+                    memory_bandwidth_bytes_per_s=group.memory_bandwidth,
+                    links=links,
+                    properties=properties,
+                )
+            )
+    return devices
+
+
+def _matches(pattern: str, device: DeviceSpec) -> bool:
+    return any(
+        fnmatch.fnmatchcase(name, pattern)
+        for name in (device.id, device.backend, device.device_class.value)
+    )
+
+
+def _override(device: DeviceSpec, override: DeviceOverride) -> DeviceSpec:
+    changes: dict[str, object] = {}
+    if override.memory is not None:
+        changes["memory_bytes"] = override.memory
+    if override.memory_bandwidth is not None:
+        changes["memory_bandwidth_bytes_per_s"] = override.memory_bandwidth
+    if override.peak_flops is not None:
+        changes["peak_flops"] = {**device.peak_flops, **override.peak_flops}
+    if override.links is not None:
+        changes["links"] = tuple(
+            Link(
+                peer=link.peer,
+                kind=LinkKind(link.kind),
+                bandwidth_bytes_per_s=link.bandwidth,
+                latency_s=link.latency_us * 1e-6,
+            )
+            for link in override.links
+        )
+    if override.numa_node is not None:
+        changes["numa_node"] = override.numa_node
+    return dataclasses.replace(device, **changes) if changes else device  # type: ignore[arg-type]
+
+
+def apply_device_rules(
+    devices: list[DeviceSpec], config: DevicesConfig
+) -> tuple[list[DeviceSpec], list[tuple[str, str]]]:
+    """Filter by allow/deny (patterns on id, backend or class) and apply overrides by id."""
+    kept: list[DeviceSpec] = []
+    excluded: list[tuple[str, str]] = []
+    for device in devices:
+        denied = next((p for p in config.deny if _matches(p, device)), None)
+        if denied is not None:
+            excluded.append((device.id, f"denied by devices.deny {denied!r}"))
+            continue
+        if not any(_matches(p, device) for p in config.allow):
+            excluded.append((device.id, "not matched by devices.allow"))
+            continue
+        override = config.overrides.get(device.id)
+        kept.append(_override(device, override) if override is not None else device)
+    return kept, excluded
+
+
+def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
+    """The fleet ``policy`` runs on, here."""
+    config = policy.spec.devices
+    if config.simulated:
+        devices, excluded = apply_device_rules(simulated_devices(config.simulated), config)
+        return Fleet(devices=tuple(devices), excluded=tuple(excluded), simulated=True)
+    found, unavailable = discover_devices(registry)
+    devices, excluded = apply_device_rules(found, config)
+    return Fleet(devices=tuple(devices), unavailable=tuple(unavailable), excluded=tuple(excluded))

@@ -1,0 +1,133 @@
+"""``hetero plan``: per stage and variant, the eligible devices and the roofline cost per item."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.fleet import Fleet
+from hetero.framework.graph import BandwidthHint
+from hetero.framework.policy import Policy
+from hetero.framework.policy.schema import VariantConfig
+
+__all__ = ["DeviceCost", "StagePlan", "hint_from_variant", "plan_policy"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCost:
+    """The roofline estimate of one item of a stage variant on one device.
+
+    Attributes:
+        device_id: The device.
+        compute_s: FLOPs over peak FLOP/s for the variant's dtype.
+        memory_s: Bytes moved over memory bandwidth.
+        per_item_s: The slower of the two: what the roofline predicts.
+        load_s: Time to bring the model's resident bytes onto the device once.
+        bound: ``compute`` or ``memory``.
+    """
+
+    device_id: str
+    compute_s: float
+    memory_s: float
+    per_item_s: float
+    load_s: float
+    bound: str
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One stage variant: devices it may run on, cheapest first, and those ruled out."""
+
+    stage: str
+    variant: str
+    arithmetic_intensity: float
+    costs: tuple[DeviceCost, ...]
+    ineligible: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "stage": self.stage,
+            "variant": self.variant,
+            "arithmetic_intensity": self.arithmetic_intensity,
+            "devices": [
+                {
+                    "id": c.device_id,
+                    "per_item_s": c.per_item_s,
+                    "compute_s": c.compute_s,
+                    "memory_s": c.memory_s,
+                    "load_s": c.load_s,
+                    "bound": c.bound,
+                }
+                for c in self.costs
+            ],
+            "ineligible": [{"id": d, "reason": r} for d, r in self.ineligible],
+        }
+
+
+def hint_from_variant(variant: VariantConfig) -> BandwidthHint:
+    """The BandwidthHint a policy variant describes."""
+    return BandwidthHint(
+        flops_per_item=variant.flops_per_item,
+        bytes_per_item=variant.bytes_per_item,
+        input_bytes=variant.input_bytes,
+        output_bytes=variant.output_bytes,
+        resident_bytes=variant.resident_bytes,
+        batchable=variant.batchable,
+        max_batch=variant.max_batch,
+        dtype=variant.dtype,
+    )
+
+
+def _host_bandwidth(device: DeviceSpec) -> float:
+    value = device.properties.get("host_bandwidth_bytes_per_s")
+    if isinstance(value, int | float) and value > 0:
+        return float(value)
+    return device.memory_bandwidth_bytes_per_s
+
+
+def cost_on(hint: BandwidthHint, device: DeviceSpec) -> DeviceCost:
+    """Roofline cost of one item of ``hint`` on ``device``."""
+    compute = hint.flops_per_item / device.peak_flops_for(hint.dtype)
+    memory = hint.bytes_per_item / device.memory_bandwidth_bytes_per_s
+    return DeviceCost(
+        device_id=device.id,
+        compute_s=compute,
+        memory_s=memory,
+        per_item_s=max(compute, memory),
+        load_s=hint.resident_bytes / _host_bandwidth(device),
+        bound="compute" if compute >= memory else "memory",
+    )
+
+
+def plan_policy(policy: Policy, fleet: Fleet) -> list[StagePlan]:
+    """Every stage variant of ``policy`` costed on every device of ``fleet``."""
+    reserve = policy.spec.scheduler.memory_reserve_fraction
+    plans = []
+    for stage_name, stage in policy.spec.stages.items():
+        for variant_name in ("full", "light"):
+            variant = stage.variants.get(variant_name)
+            if variant is None:
+                continue
+            hint = hint_from_variant(variant)
+            costs = []
+            ineligible = []
+            for device in fleet.devices:
+                if device.device_class.value not in stage.device_classes:
+                    ineligible.append((device.id, f"class {device.device_class.value} not allowed"))
+                elif hint.resident_bytes > device.memory_bytes * (1 - reserve):
+                    ineligible.append((device.id, "model does not fit beside the memory reserve"))
+                else:
+                    costs.append(cost_on(hint, device))
+            costs.sort(key=lambda cost: (cost.per_item_s, cost.device_id))
+            plans.append(
+                StagePlan(
+                    stage=stage_name,
+                    variant=variant_name,
+                    arithmetic_intensity=hint.arithmetic_intensity,
+                    costs=tuple(costs),
+                    ineligible=tuple(ineligible),
+                )
+            )
+    return plans

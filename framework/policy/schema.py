@@ -1,0 +1,343 @@
+"""The policy file's schema: frozen pydantic models, mappings frozen as pyrsistent maps.
+
+Every key is documented in ``docs/policy.md``; keep the two together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
+from pyrsistent import pmap
+
+from hetero.framework.policy.quantities import parse_quantity
+
+__all__ = [
+    "CIPHERS",
+    "DEVICE_CLASSES",
+    "BatchingConfig",
+    "CacheConfig",
+    "CircuitBreakerConfig",
+    "DevicesConfig",
+    "PartitionConfig",
+    "PipelineConfig",
+    "PolicySpec",
+    "QosConfig",
+    "SchedulerConfig",
+    "StageConfig",
+    "VariantConfig",
+]
+
+CIPHERS = ("AES-256-GCM", "SM4-GCM")
+DEVICE_CLASSES = ("cuda", "rocm", "npu", "cpu")
+
+DeviceClassName = Literal["cuda", "rocm", "npu", "cpu"]
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+OpenFraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0)]
+Name = Annotated[StrictStr, Field(min_length=1)]
+
+
+def _bytes(value: object) -> object:
+    parsed = parse_quantity(value, "B")
+    if isinstance(parsed, float) and parsed.is_integer():
+        return int(parsed)
+    return parsed
+
+
+def _rate(unit: str) -> BeforeValidator:
+    return BeforeValidator(lambda value: parse_quantity(value, unit))
+
+
+Bytes = Annotated[StrictInt, BeforeValidator(_bytes), Field(ge=0)]
+PositiveBytes = Annotated[StrictInt, BeforeValidator(_bytes), Field(gt=0)]
+Bandwidth = Annotated[float, _rate("B/s"), Field(gt=0.0)]
+Flops = Annotated[float, _rate("FLOPS"), Field(gt=0.0)]
+FlopCount = Annotated[float, _rate("FLOPS"), Field(ge=0.0)]
+ByteCount = Annotated[float, _rate("B"), Field(ge=0.0)]
+
+
+def _freeze(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return pmap(value)
+
+
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+# --- devices -----------------------------------------------------------------------------------
+
+
+class LinkConfig(_Frozen):
+    """A link from the overridden or simulated device to ``peer``."""
+
+    peer: Name
+    kind: Literal["nvlink", "xgmi", "pcie", "network"]
+    bandwidth: Bandwidth
+    latency_us: NonNegativeFloat = 0.0
+
+
+class DeviceOverride(_Frozen):
+    """Figures that replace what discovery reported for one device."""
+
+    memory: PositiveBytes | None = None
+    memory_bandwidth: Bandwidth | None = None
+    peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
+    links: tuple[LinkConfig, ...] | None = None
+    numa_node: NonNegativeInt | None = None
+
+
+class SimulatedDeviceGroup(_Frozen):
+    """``count`` identical simulated devices, for planning and the simulator."""
+
+    name: Name
+    device_class: DeviceClassName = Field(alias="class")
+    vendor_name: Name
+    count: PositiveInt = 1
+    host: Name = "sim-host-0"
+    memory: PositiveBytes
+    memory_bandwidth: Bandwidth
+    peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)]
+    interconnect: Literal["nvlink", "xgmi", "pcie", "network", "none"] = "none"
+    interconnect_bandwidth: Bandwidth | None = None
+    host_bandwidth: Bandwidth | None = None
+
+
+class DevicesConfig(_Frozen):
+    """Which devices the policy may use, and corrections to their specs."""
+
+    allow: tuple[Name, ...] = ("*",)
+    deny: tuple[Name, ...] = ()
+    overrides: Annotated[Mapping[StrictStr, DeviceOverride], AfterValidator(_freeze)] = pmap()
+    simulated: tuple[SimulatedDeviceGroup, ...] = ()
+
+
+# --- stages and pipelines ----------------------------------------------------------------------
+
+
+class GraphSource(_Frozen):
+    """Where a variant's model comes from; resolved by the backend or a stage plugin at load."""
+
+    format: Literal["onnx", "openvino_ir", "torch", "vllm"]
+    source: Name
+
+
+class VariantConfig(_Frozen):
+    """One graph variant of a stage with its BandwidthHint figures."""
+
+    graph: GraphSource | None = None
+    flops_per_item: FlopCount
+    bytes_per_item: ByteCount
+    input_bytes: Bytes = 0
+    output_bytes: Bytes = 0
+    resident_bytes: Bytes = 0
+    batchable: StrictBool = True
+    max_batch: PositiveInt = 1
+    dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    max_delay_ms: NonNegativeFloat = 0.0
+
+
+class StageConfig(_Frozen):
+    """A model step: modality, variants, where it may run, which partition it touches."""
+
+    modality: Literal["text", "image", "audio", "video", "embedding"]
+    variants: Annotated[Mapping[Literal["full", "light"], VariantConfig], AfterValidator(_freeze)]
+    device_classes: tuple[DeviceClassName, ...] = DEVICE_CLASSES
+    partition: Name | None = None
+    model_version: StrictStr = "1"
+    min_residency_s: NonNegativeFloat | None = None
+
+
+class StepConfig(_Frozen):
+    """A stage in a pipeline; ``after`` omitted means "after the previous step"."""
+
+    stage: Name
+    name: Name | None = None
+    after: tuple[Name, ...] | None = None
+
+
+class PipelineConfig(_Frozen):
+    """A DAG of steps."""
+
+    steps: tuple[StepConfig, ...] = Field(min_length=1)
+
+
+# --- QoS, scheduler, breakers ------------------------------------------------------------------
+
+
+class SlaTier(_Frozen):
+    """A latency promise: requests of classes on this tier have this deadline."""
+
+    deadline_ms: PositiveFloat
+    target_attainment: Fraction = 0.99
+
+
+class QosClass(_Frozen):
+    """A priority class: higher weight is served sooner; aging keeps low classes moving."""
+
+    weight: PositiveFloat
+    sla_tier: Name
+    queue_bound: PositiveInt = 1024
+
+
+class QosConfig(_Frozen):
+    """QoS classes, the default class, and how fast waiting raises priority."""
+
+    default_class: Name
+    aging_per_second: NonNegativeFloat = 1.0
+    classes: Annotated[Mapping[StrictStr, QosClass], AfterValidator(_freeze)]
+
+
+class BatchingConfig(_Frozen):
+    """Defaults for per-(stage, device) batching; a variant's own figures win."""
+
+    max_delay_ms: NonNegativeFloat = 5.0
+
+
+class PlacementWeights(_Frozen):
+    """Multipliers on the cost terms of the placement estimate."""
+
+    queue: NonNegativeFloat = 1.0
+    load: NonNegativeFloat = 1.0
+    compute: NonNegativeFloat = 1.0
+    transfer: NonNegativeFloat = 1.0
+
+
+class SchedulerConfig(_Frozen):
+    """Placement policy and memory-manager settings."""
+
+    placement: Literal["cost_model", "round_robin", "least_connections"] = "cost_model"
+    weights: PlacementWeights = PlacementWeights()
+    memory_reserve_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    min_residency_s: NonNegativeFloat = 30.0
+    measured_smoothing: OpenFraction = 0.2
+    batching: BatchingConfig = BatchingConfig()
+
+
+class ComplexityBreaker(_Frozen):
+    """Admit, degrade to ``light`` or shed, by a request's profile against the live p95."""
+
+    window: PositiveInt = 512
+    degrade_above_p95: PositiveFloat = 2.0
+    shed_above_p95: PositiveFloat = 4.0
+
+
+class DeviceBreaker(_Frozen):
+    """Per-(stage, device) breaker on errors and SLO misses."""
+
+    window: PositiveInt = 20
+    error_rate: Fraction = 0.5
+    slo_miss_rate: Fraction = 0.8
+    open_s: PositiveFloat = 10.0
+    half_open_probes: PositiveInt = 1
+
+
+class CircuitBreakerConfig(_Frozen):
+    """Both breaker layers."""
+
+    complexity: ComplexityBreaker = ComplexityBreaker()
+    device: DeviceBreaker = DeviceBreaker()
+
+
+# --- cache -------------------------------------------------------------------------------------
+
+
+class MemoryTier(_Frozen):
+    """L1: in-process."""
+
+    enabled: StrictBool = True
+    max_bytes: PositiveBytes = 256 * 2**20
+
+
+class DiskTier(_Frozen):
+    """L3: local disk, survives restarts."""
+
+    enabled: StrictBool = True
+    path: Name = "~/.cache/hetero/features"
+    max_bytes: PositiveBytes = 2 * 2**30
+
+
+class RedisTier(_Frozen):
+    """L2: Redis, shared by workers and hosts."""
+
+    enabled: StrictBool = False
+    url: Name = "redis://127.0.0.1:6379/0"
+
+
+class BloomConfig(_Frozen):
+    """The Bloom filter in front of the tiers."""
+
+    expected_entries: PositiveInt = 1_000_000
+    false_positive_rate: OpenFraction = 0.01
+
+
+class CacheConfig(_Frozen):
+    """The feature cache."""
+
+    enabled: StrictBool = True
+    memory: MemoryTier = MemoryTier()
+    disk: DiskTier = DiskTier()
+    redis: RedisTier = RedisTier()
+    bloom: BloomConfig = BloomConfig()
+    ttl_s: PositiveFloat = 86_400.0
+    ttl_jitter: Fraction = 0.1
+    sensitive: Literal["encrypt", "skip"] = "encrypt"
+
+
+# --- partitions --------------------------------------------------------------------------------
+
+
+class AttributeRule(_Frozen):
+    """The caller's attribute must take one of these values."""
+
+    attribute: Name
+    one_of: tuple[StrictStr, ...] = Field(min_length=1)
+
+
+class PartitionConfig(_Frozen):
+    """A data partition: what it holds, how it is encrypted and isolated, who may touch it."""
+
+    modality: Literal["text", "image", "audio", "video", "embedding"]
+    classification: Literal["public", "internal", "confidential", "secret"]
+    cipher: Literal["AES-256-GCM", "SM4-GCM"]
+    key: Annotated[StrictStr, Field(pattern=r"^(file|pkcs11):.+")]
+    isolation: Literal["vm", "container", "process"]
+    retention_days: PositiveInt | None = None
+    roles: tuple[Name, ...] = Field(min_length=1)
+    attribute_rules: tuple[AttributeRule, ...] = ()
+
+
+# --- the whole file ----------------------------------------------------------------------------
+
+
+class PolicySpec(_Frozen):
+    """One policy file."""
+
+    version: Literal[1]
+    name: Name = "unnamed"
+    description: StrictStr = ""
+    devices: DevicesConfig = DevicesConfig()
+    stages: Annotated[Mapping[StrictStr, StageConfig], AfterValidator(_freeze)]
+    pipelines: Annotated[Mapping[StrictStr, PipelineConfig], AfterValidator(_freeze)] = pmap()
+    routes: Annotated[Mapping[StrictStr, Name], AfterValidator(_freeze)] = pmap()
+    qos: QosConfig
+    sla_tiers: Annotated[Mapping[StrictStr, SlaTier], AfterValidator(_freeze)]
+    scheduler: SchedulerConfig = SchedulerConfig()
+    circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    cache: CacheConfig = CacheConfig()
+    partitions: Annotated[Mapping[StrictStr, PartitionConfig], AfterValidator(_freeze)] = pmap()

@@ -1,0 +1,136 @@
+"""Stages, pipelines (DAGs of stages) and requests."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+from typing import Any
+
+from pyrsistent import pmap
+
+from hetero.framework.errors import CyclicPipelineError, PipelineError
+from hetero.framework.graph import ComputeGraph
+
+__all__ = ["Modality", "Pipeline", "PipelineStep", "Request", "Stage"]
+
+FULL = "full"
+LIGHT = "light"
+
+
+class Modality(enum.StrEnum):
+    """What kind of data a stage consumes."""
+
+    TEXT = "text"
+    IMAGE = "image"
+    AUDIO = "audio"
+    VIDEO = "video"
+    EMBEDDING = "embedding"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One model step: a ``full`` graph, an optional cheaper ``light`` graph for degraded service.
+
+    Attributes:
+        name: Stage name as the policy spells it.
+        modality: What it consumes.
+        full: The graph used normally.
+        light: The graph used when the complexity breaker degrades a request.
+        partition: Data partition whose sandbox the stage must run in, if any.
+    """
+
+    name: str
+    modality: Modality
+    full: ComputeGraph
+    light: ComputeGraph | None = None
+    partition: str | None = None
+
+    def variant(self, name: str) -> ComputeGraph:
+        """The graph for variant ``name`` (``full`` or ``light``); light falls back to full."""
+        if name == FULL:
+            return self.full
+        if name == LIGHT:
+            return self.light or self.full
+        raise KeyError(f"stage {self.name!r} has no variant {name!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStep:
+    """A stage placed in a pipeline, with the steps whose output it needs."""
+
+    stage: str
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """A DAG of steps, checked acyclic when built.
+
+    Attributes:
+        name: Pipeline name.
+        steps: Step name to step; a step name is usually its stage name.
+    """
+
+    name: str
+    steps: Mapping[str, PipelineStep]
+    order: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise PipelineError(f"pipeline {self.name!r} has no steps")
+        for step_name, step in self.steps.items():
+            for dep in step.after:
+                if dep not in self.steps:
+                    raise PipelineError(
+                        f"pipeline {self.name!r}: step {step_name!r} waits for unknown step {dep!r}"
+                    )
+        sorter = TopologicalSorter({name: step.after for name, step in self.steps.items()})
+        try:
+            order = tuple(sorter.static_order())
+        except CycleError as err:
+            cycle = tuple(str(node) for node in err.args[1])
+            raise CyclicPipelineError(self.name, cycle) from err
+        object.__setattr__(self, "steps", pmap(self.steps))
+        object.__setattr__(self, "order", order)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Steps that wait for nothing."""
+        return tuple(name for name in self.order if not self.steps[name].after)
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """Steps nothing waits for: their outputs make the response."""
+        needed = {dep for step in self.steps.values() for dep in step.after}
+        return tuple(name for name in self.order if name not in needed)
+
+
+_request_ids = itertools.count(1)
+
+
+def _next_request_id() -> str:
+    return f"req-{next(_request_ids)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One unit of client work entering the engine.
+
+    Attributes:
+        route: The route that reached the engine (``/v1/image/describe``); picks the pipeline.
+        payload: Inputs by name (text, image bytes, audio samples, ...).
+        qos_class: QoS class name from the policy.
+        principal: Who asks; access control and masking read it.
+        arrival_time: When it arrived, on the engine's clock.
+        id: Unique id, for logs and audit (never a metric label).
+    """
+
+    route: str
+    payload: Mapping[str, Any]
+    qos_class: str
+    principal: str
+    arrival_time: float
+    id: str = field(default_factory=_next_request_id)

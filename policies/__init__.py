@@ -1,0 +1,1 @@
+"""Policy files shipped with hetero, read with ``importlib.resources.files("hetero.policies")``."""
