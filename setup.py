@@ -2,7 +2,15 @@
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = ("framework", "backends/cuda", "backends/rocm", "backends/npu", "cache", "sandbox", "policies")
+FOLDERS = (
+    "framework",
+    "backends/cuda",
+    "backends/rocm",
+    "backends/npu",
+    "cache",
+    "sandbox",
+    "policies",
+)
 
 package_dir = {}
 for folder in FOLDERS:

@@ -132,17 +132,17 @@ class Registry:
                 self._sources = found
             return {**self._sources, **self._extra}
 
-    def _listed(self, source: _Source) -> bool:
-        if source.builtin:
-            return True
-        allow = envs.plugin_allow_list()
-        if allow is not None and source.name not in allow:
-            return False
-        return envs.backend_autoload()
-
     def names(self) -> tuple[str, ...]:
         """Backends that discovery lists (built-ins, plus allowed out-of-tree ones)."""
-        return tuple(sorted(n for n, s in self._all_sources().items() if self._listed(s)))
+        autoload = envs.backend_autoload()
+        allow = envs.plugin_allow_list()
+
+        def listed(source: _Source) -> bool:
+            if source.builtin:
+                return True
+            return autoload and (allow is None or source.name in allow)
+
+        return tuple(sorted(n for n, s in self._all_sources().items() if listed(s)))
 
     def detect(self, name: str) -> Detection:
         """Run (once) and return ``name``'s detection; a broken plugin detects as unavailable."""

@@ -65,9 +65,9 @@ class NpuBackend(Backend):
                 logger.warning("npu: %s unusable: %s: %s", runtime_name, type(err).__name__, err)
                 continue
             self._runtimes[runtime_name] = runtime
-            for local_id, device_class, vendor_name, props in devices:
+            for local_id, device_class, vendor_name, runtime_props in devices:
                 props = {
-                    **props,
+                    **runtime_props,
                     "physical_cores": facts.physical_cores,
                     "logical_cores": facts.logical_cores,
                     "clock_ghz": round(facts.clock_ghz, 3),
@@ -120,6 +120,7 @@ class NpuBackend(Backend):
         model.native = None  # the runtimes free the compiled model when the last reference goes
 
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
-        runtime, loaded = model.native
+        runtime: Runtime = model.native[0]
+        loaded = model.native[1]
         arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
         return runtime.run(loaded, arrays)

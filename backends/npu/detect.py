@@ -28,4 +28,6 @@ def detect() -> Detection:
 
     from hetero.backends.npu.backend import NpuBackend
 
-    return Detection.found("npu", factory, reason="runtimes: " + ", ".join(present), priority=PRIORITY)
+    return Detection.found(
+        "npu", factory, reason="runtimes: " + ", ".join(present), priority=PRIORITY
+    )

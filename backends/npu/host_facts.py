@@ -43,7 +43,9 @@ class HostFacts:
     @property
     def peak_flops(self) -> dict[str, float]:
         """Peak FLOP/s per dtype, from cores, clock and vector width."""
-        per_cycle = 32.0 if {"avx2", "fma"} <= self.cpu_flags or "avx512f" in self.cpu_flags else 8.0
+        per_cycle = (
+            32.0 if {"avx2", "fma"} <= self.cpu_flags or "avx512f" in self.cpu_flags else 8.0
+        )
         fp32 = self.physical_cores * self.clock_ghz * 1e9 * per_cycle
         flops = {"fp32": fp32, "fp16": fp32}
         flops["bf16"] = fp32 * 2 if "avx512_bf16" in self.cpu_flags else fp32

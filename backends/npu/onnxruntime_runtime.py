@@ -40,7 +40,9 @@ class OnnxRuntime(Runtime):
             if device_class is None:
                 continue
             props = {"runtime": "onnxruntime", "runtime_version": self._ort.__version__}
-            found.append((provider, device_class, provider.removesuffix("ExecutionProvider"), props))
+            found.append(
+                (provider, device_class, provider.removesuffix("ExecutionProvider"), props)
+            )
         return found
 
     def compile(self, graph: ComputeGraph, local_id: str) -> Any:
@@ -57,6 +59,8 @@ class OnnxRuntime(Runtime):
             raise RuntimeError(f"provider {local_id} did not take the session (got {active})")
         return session
 
-    def run(self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    def run(
+        self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
         names = [output.name for output in loaded.get_outputs()]
-        return dict(zip(names, loaded.run(names, inputs), strict=True))
+        return {n: np.asarray(v) for n, v in zip(names, loaded.run(names, inputs), strict=True)}

@@ -1,4 +1,4 @@
-"""OpenVINO: every device ``Core().available_devices`` reports (CPU here; GPU and NPU where present)."""
+"""OpenVINO: every device ``Core().available_devices`` reports (CPU here; GPU, NPU elsewhere)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _PRECISION_BY_DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
 
 def _device_class(name: str) -> DeviceClass:
-    return DeviceClass.CPU if name.split(".")[0] == "CPU" else DeviceClass.NPU
+    return DeviceClass.CPU if name.split(".", maxsplit=1)[0] == "CPU" else DeviceClass.NPU
 
 
 class OpenVinoRuntime(Runtime):
@@ -55,11 +55,20 @@ class OpenVinoRuntime(Runtime):
 
     def load(self, prepared: Any, graph: ComputeGraph, local_id: str) -> Any:
         config = {"INFERENCE_PRECISION_HINT": _PRECISION_BY_DTYPE.get(graph.hint.dtype, "f32")}
-        if local_id.split(".")[0] != "CPU":
+        if local_id.split(".", maxsplit=1)[0] != "CPU":
             config = {}
         compiled = self._core.compile_model(prepared, local_id, config)
         return compiled.create_infer_request()
 
-    def run(self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    def run(
+        self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        # An infer request keeps its last input tensors: a missing input would silently reuse
+        # the previous request's data, so names are checked here.
+        expected = {port.get_any_name() for port in loaded.model_inputs}
+        missing = sorted(expected - inputs.keys())
+        unknown = sorted(inputs.keys() - expected)
+        if missing or unknown:
+            raise ValueError(f"inputs do not match the graph: missing {missing}, unknown {unknown}")
         results = loaded.infer(inputs)
         return {port.get_any_name(): np.array(value) for port, value in results.items()}

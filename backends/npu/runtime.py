@@ -32,7 +32,9 @@ class Runtime(abc.ABC):
         """Make the graph resident and return a runnable native object."""
 
     @abc.abstractmethod
-    def run(self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+    def run(
+        self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
         """Run and return outputs by name."""
 
 

@@ -62,15 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     as_json = bool(getattr(args, "json", False))
     out = Console(soft_wrap=as_json, width=None if sys.stdout.isatty() else 140)
-    err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         _configure_logging(args.debug, err)
         registry = default_registry()
         if args.command == "devices":
             return run_devices(out, registry, args.json)
-        if args.command == "plan":
-            return run_plan(out, registry, args.policy, args.json)
-        parser.error(f"unknown command {args.command!r}")
+        return run_plan(out, registry, args.policy, args.json)
     except envs.EnvError as error:
         err.print(f"error: {error}", highlight=False, markup=False)
         return EXIT_USER
@@ -93,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
             markup=False,
         )
         return EXIT_INTERNAL
-    return EXIT_OK
 
 
 def entry() -> None:

@@ -17,7 +17,9 @@ from hetero.framework.registry import Registry
 
 
 def _flops_text(device: DeviceSpec) -> str:
-    return ", ".join(f"{dtype} {rate_text(v, '')}" for dtype, v in sorted(device.peak_flops.items()))
+    return ", ".join(
+        f"{dtype} {rate_text(v, '')}" for dtype, v in sorted(device.peak_flops.items())
+    )
 
 
 def _links_text(device: DeviceSpec) -> str:
@@ -113,9 +115,7 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
         table.add_column(column, overflow="fold")
     for plan in plans:
         if not plan.costs:
-            table.add_row(
-                plan.stage, plan.variant, "", "[red]no eligible device[/]", "", "", ""
-            )
+            table.add_row(plan.stage, plan.variant, "", "[red]no eligible device[/]", "", "", "")
         for index, cost in enumerate(plan.costs):
             first = index == 0
             table.add_row(

@@ -15,9 +15,7 @@ from hetero.framework.policy.yaml_source import KeyPath
 __all__ = ["describe_errors"]
 
 
-def describe_errors(
-    error: ValidationError, root: type[BaseModel]
-) -> list[tuple[KeyPath, str]]:
+def describe_errors(error: ValidationError, root: type[BaseModel]) -> list[tuple[KeyPath, str]]:
     """``(key path, message)`` per error, in the order pydantic found them."""
     described = []
     for detail in error.errors(include_url=False):
@@ -50,7 +48,7 @@ def _message(detail: ErrorDetails, loc: tuple[Any, ...], root: type[BaseModel]) 
             return f"unknown key {loc[-2]!r}, expected {ctx.get('expected', '')}"
         return f"expected {ctx.get('expected', 'one of the listed values')}, got {got}"
     if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
-        return _bound_message(kind, ctx, detail.get("input"), got)
+        return _bound_message(kind, ctx, _wants_integer(root, loc, detail.get("input")), got)
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         return f"expected an integer, got {got}"
     if kind in {"float_type", "float_parsing"}:
@@ -72,8 +70,17 @@ def _message(detail: ErrorDetails, loc: tuple[Any, ...], root: type[BaseModel]) 
     return f"{detail['msg']}, got {got}"
 
 
-def _bound_message(kind: str, ctx: dict[str, Any], value: Any, got: str) -> str:
-    noun = "integer" if isinstance(value, int) and not isinstance(value, bool) else "number"
+def _wants_integer(root: type[BaseModel], loc: tuple[Any, ...], value: Any) -> bool:
+    """Whether the field at ``loc`` is an integer field (falls back to the value's type)."""
+    model = _model_at(root, loc[:-1]) if loc else None
+    field = model.model_fields.get(str(loc[-1])) if model is not None else None
+    if field is None:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return _strip(field.annotation) is int
+
+
+def _bound_message(kind: str, ctx: dict[str, Any], integer: bool, got: str) -> str:
+    noun = "integer" if integer else "number"
     if kind == "greater_than" and ctx.get("gt") == 0:
         return f"expected a positive {noun}, got {got}"
     if kind == "greater_than_equal" and ctx.get("ge") == 0:
@@ -107,9 +114,7 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
         part = parts.pop(0)
         current = _strip(current)
         if isinstance(current, type) and issubclass(current, BaseModel):
-            field = next(
-                (f for n, f in current.model_fields.items() if part in (n, f.alias)), None
-            )
+            field = next((f for n, f in current.model_fields.items() if part in (n, f.alias)), None)
             if field is None:
                 return None
             current = field.annotation

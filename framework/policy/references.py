@@ -21,7 +21,8 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
             raise source.error(("stages", name, "variants"), "a stage needs a 'full' variant")
         if stage.partition is not None and stage.partition not in spec.partitions:
             raise source.error(
-                ("stages", name, "partition"), _unknown("partition", stage.partition, spec.partitions)
+                ("stages", name, "partition"),
+                _unknown("partition", stage.partition, spec.partitions),
             )
         if not stage.device_classes:
             raise source.error(("stages", name, "device_classes"), "allow at least one class")
@@ -71,9 +72,7 @@ def build_pipelines(spec: PolicySpec, source: LocatedYaml) -> Mapping[str, Pipel
         for index, step in enumerate(config.steps):
             key = ("pipelines", name, "steps", index)
             if step.stage not in spec.stages:
-                raise source.error(
-                    (*key, "stage"), _unknown("stage", step.stage, spec.stages)
-                )
+                raise source.error((*key, "stage"), _unknown("stage", step.stage, spec.stages))
             step_name = step.name or step.stage
             if step_name in steps:
                 raise source.error(key, f"step name {step_name!r} is used twice; give it a name")

@@ -38,10 +38,10 @@ __all__ = [
     "VariantConfig",
 ]
 
-CIPHERS = ("AES-256-GCM", "SM4-GCM")
-DEVICE_CLASSES = ("cuda", "rocm", "npu", "cpu")
-
 DeviceClassName = Literal["cuda", "rocm", "npu", "cpu"]
+
+CIPHERS = ("AES-256-GCM", "SM4-GCM")
+DEVICE_CLASSES: tuple[DeviceClassName, ...] = ("cuda", "rocm", "npu", "cpu")
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -72,8 +72,6 @@ ByteCount = Annotated[float, _rate("B"), Field(ge=0.0)]
 
 def _freeze(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return pmap(value)
-
-
 
 
 class _Frozen(BaseModel):

@@ -70,14 +70,20 @@ def load_located(text: str, path: str) -> LocatedYaml:
             data = loader.construct_document(node)
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark
-            raise PolicySyntaxError(path, mark.line + 1 if mark else None, str(err.problem)) from err
+            raise PolicySyntaxError(
+                path, mark.line + 1 if mark else None, str(err.problem)
+            ) from err
         return LocatedYaml(data=data, lines=lines, path=path)
     finally:
         loader.dispose()
 
 
 def _walk(
-    loader: yaml.SafeLoader, node: yaml.Node, key_path: KeyPath, lines: dict[KeyPath, int], path: str
+    loader: yaml.SafeLoader,
+    node: yaml.Node,
+    key_path: KeyPath,
+    lines: dict[KeyPath, int],
+    path: str,
 ) -> None:
     lines.setdefault(key_path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):

@@ -1,0 +1,39 @@
+"""`make bench`: figures, not pass/fail. Each benchmark prints ratios measured side by side.
+
+npu runtimes: the same reference graphs on OpenVINO (f32) and ONNX Runtime (CPU provider),
+interleaved in one run so machine noise hits both; the ratio is OpenVINO's median latency over
+ONNX Runtime's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from hetero.backends.npu import NpuBackend
+from hetero.framework.conformance.reference_graphs import reference_graphs
+
+REPEATS = 200
+DEVICES = ("npu:openvino/CPU", "npu:onnxruntime/CPUExecutionProvider")
+
+
+def bench_npu_runtimes() -> None:
+    """Median run latency per reference graph on both runtimes, and their ratio."""
+    backend = NpuBackend()
+    print(f"{'graph':<16}{'openvino':>14}{'onnxruntime':>14}{'ov/ort':>9}")
+    for name, ref in reference_graphs().items():
+        models = [backend.load(backend.compile(ref.graph, device)) for device in DEVICES]
+        samples: list[list[float]] = [[], []]
+        for _ in range(REPEATS):
+            for index, model in enumerate(models):
+                started = time.perf_counter()
+                backend.run(model, ref.inputs)
+                samples[index].append(time.perf_counter() - started)
+        ov, ort = (statistics.median(s) for s in samples)
+        print(f"{name:<16}{ov * 1e6:>11.1f} us{ort * 1e6:>11.1f} us{ov / ort:>9.2f}")
+        for model in models:
+            backend.unload(model)
+
+
+if __name__ == "__main__":
+    bench_npu_runtimes()

@@ -1,0 +1,118 @@
+"""The `hetero` command as a user runs it: real subprocesses, real backends, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HETERO = str(Path(sys.executable).parent / "hetero")
+
+
+def hetero(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [HETERO, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=120,
+    )
+
+
+def test_devices_json_lists_the_cpu_through_both_runtimes_and_gpu_reasons() -> None:
+    result = hetero("devices", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    ids = {device["id"] for device in payload["devices"]}
+    assert {"npu:openvino/CPU", "npu:onnxruntime/CPUExecutionProvider"} <= ids
+    assert not any(i.startswith("dummy:") for i in ids), "test plugins stay out of the real venv"
+    cpu = next(d for d in payload["devices"] if d["id"] == "npu:openvino/CPU")
+    assert cpu["class"] == "cpu" and cpu["memory_bytes"] > 0 and cpu["peak_flops"]["fp32"] > 0
+    if not Path("/dev/nvidiactl").exists():
+        assert payload["unavailable"]["cuda"] == "NVML library not found"
+    if not Path("/dev/kfd").exists():
+        assert payload["unavailable"]["rocm"] == "amdsmi library not found"
+
+
+def test_devices_table() -> None:
+    result = hetero("devices")
+    assert result.returncode == 0, result.stderr
+    assert "npu:openvino/CPU" in result.stdout
+    assert "cuda:" in result.stdout and "rocm:" in result.stdout
+
+
+def test_plan_default_policy() -> None:
+    result = hetero("plan", "policies/default.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "is valid" in result.stdout
+    for stage in ("vision_encode", "ocr", "asr", "tts", "text_embed", "llm_generate"):
+        assert stage in result.stdout
+
+
+def test_plan_json_for_a_simulated_fleet() -> None:
+    result = hetero("plan", "policies/sim/mixed-fleet.yaml", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["simulated"] is True
+    classes = {d["class"] for d in payload["devices"]}
+    assert classes == {"cuda", "rocm", "npu", "cpu"}
+    llm = next(s for s in payload["stages"] if s["stage"] == "llm_decode")
+    assert {d["id"].split("-")[0] for d in llm["devices"]} == {"sim:a100", "sim:h100", "sim:mi300x"}
+    assert all("not allowed" in i["reason"] for i in llm["ineligible"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            ("max_batch: 4\n      light:", "max_batch: -3\n      light:"),
+            ":44: stages.ocr.variants.full.max_batch: expected a positive integer, got -3",
+        ),
+        (("  ocr:\n", "  ocr:\n   - x: [\n"), ": YAML syntax error"),
+    ],
+)
+def test_bad_policy_exits_2_with_one_clear_line(
+    tmp_path: Path, edit: tuple[str, str], expected: str
+) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text((REPO / "policies" / "default.yaml").read_text().replace(*edit, 1))
+    result = hetero("plan", str(bad))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = hetero("--debug", "plan", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+    assert "policy file not found" in result.stderr
+
+
+def test_missing_policy_and_bad_arguments_exit_2(tmp_path: Path) -> None:
+    missing = hetero("plan", str(tmp_path / "absent.yaml"))
+    assert missing.returncode == 2
+    assert f"{tmp_path / 'absent.yaml'}: policy file not found" in missing.stderr
+    assert hetero("plan").returncode == 2
+    assert hetero("frobnicate").returncode == 2
+
+
+def test_bad_environment_variable_exits_2() -> None:
+    result = hetero("devices", env={"HETERO_BACKEND_AUTOLOAD": "perhaps"})
+    assert result.returncode == 2
+    assert "HETERO_BACKEND_AUTOLOAD" in result.stderr
+
+
+def test_version() -> None:
+    result = hetero("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("hetero 0.")

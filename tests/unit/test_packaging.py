@@ -1,0 +1,80 @@
+"""One import name: folders install under hetero.*, never as bare top-level packages."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGED = (
+    "framework",
+    "backends",
+    "cache",
+    "sandbox",
+    "policies",
+    "setup.py",
+    "pyproject.toml",
+    "README.md",
+)
+
+
+@pytest.mark.parametrize("bare", ["cache", "framework", "sandbox", "backends", "policies"])
+def test_folders_are_not_importable_as_bare_names(bare: str) -> None:
+    assert importlib.util.find_spec(bare) is None
+
+
+def test_hetero_is_a_namespace_without_code() -> None:
+    import hetero
+
+    assert getattr(hetero, "__file__", None) is None
+    assert importlib.util.find_spec("hetero.framework") is not None
+    assert importlib.util.find_spec("hetero.backends.npu") is not None
+
+
+def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in PACKAGED:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, source / name)
+    out = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta; build_meta.build_wheel({str(out)!r})",
+        ],
+        cwd=source,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("hetero-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for folder in (
+        "framework",
+        "backends/cuda",
+        "backends/rocm",
+        "backends/npu",
+        "cache",
+        "sandbox",
+        "policies",
+    ):
+        assert f"hetero/{folder}/__init__.py" in names, folder
+        assert f"hetero/{folder}/py.typed" in names, folder
+    for sub in ("framework/policy", "framework/cli", "framework/conformance"):
+        assert f"hetero/{sub}/__init__.py" in names, sub
+    for policy in ("default.yaml", "gov-onprem.yaml", "sim/8xa100.yaml", "sim/mixed-fleet.yaml"):
+        assert f"hetero/policies/{policy}" in names, policy
+    assert "hetero/__init__.py" not in names
+    assert not any(
+        name.split("/")[0] in {"framework", "cache", "sandbox", "backends"} for name in names
+    )
