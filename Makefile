@@ -13,13 +13,13 @@ venv: $(STAMP)
 # A strict editable install links files one by one, so a new module needs a reinstall.
 PACKAGE_FILES := $(shell find framework backends cache sandbox policies -name '*.py' -o -name '*.yaml' -o -name py.typed 2>/dev/null)
 
+# torch==2.13.0 (the local CPU build) goes first: an unpinned torch would pull a multi-GB CUDA
+# build. The dummy out-of-tree backend is installed beside the venv, not into it: only tests put
+# it on sys.path (tests/conftest.py), so `hetero devices` never lists fake devices.
 $(STAMP): pyproject.toml setup.py $(PACKAGE_FILES) $(wildcard tests/plugins/dummy_backend/*.toml tests/plugins/dummy_backend/*/*.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# The local CPU build first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[npu,cuda,rocm,dev]' --config-settings editable_mode=strict
-	# The dummy out-of-tree backend goes beside the venv, not into it: only tests put it on
-	# sys.path (tests/conftest.py), so `hetero devices` never lists fake devices.
 	rm -rf $(VENV)/test-plugins
 	$(BIN)/pip install -q --no-deps --target $(VENV)/test-plugins tests/plugins/dummy_backend
 	rm -rf tests/plugins/dummy_backend/build tests/plugins/dummy_backend/*.egg-info

@@ -202,7 +202,17 @@ class Registry:
                 )
             if not detection.available or detection.factory is None:
                 raise BackendUnavailableError(name, detection.reason)
-            instance = detection.factory()
+            try:
+                instance = detection.factory()
+            except Exception as err:
+                problem = f"failed to start: {type(err).__name__}: {err}"
+                logger.warning("backend %r %s", name, problem)
+                self._broken[name] = problem
+                raise BackendLoadError(
+                    _describe_entry_point(source),
+                    problem,
+                    "Check the vendor runtime's installation, or deny the backend in the policy.",
+                ) from err
             self._instances[name] = instance
             return instance
 

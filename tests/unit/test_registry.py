@@ -127,3 +127,48 @@ def test_extensions_registered_in_code(clean_env: object) -> None:
     registry.register("stage", "ocr", object)
     assert registry.extensions("stage") == {"ocr": object}
     assert registry.extensions("cache_tier") == {}
+
+
+def test_a_backend_that_fails_to_start_or_discover_never_stops_start_up(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    from hetero.framework.fleet import discover_devices
+    from hetero_dummy_backend import DummyBackend
+
+    class ExplodingDiscovery(DummyBackend):
+        def _discover(self) -> list:  # type: ignore[type-arg]
+            raise OSError("libvendor.so: cannot open shared object file")
+
+    def exploding_factory() -> DummyBackend:
+        raise RuntimeError("vendor runtime segfaulted in init")
+
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("good", lambda: Detection.found("good", DummyBackend))
+    registry.register_backend("nodisc", lambda: Detection.found("nodisc", ExplodingDiscovery))
+    registry.register_backend("nostart", lambda: Detection.found("nostart", exploding_factory))
+    devices, unavailable = discover_devices(registry)
+    assert [d.id for d in devices] == ["dummy:0", "dummy:1"]
+    reasons = {d.name: d.reason for d in unavailable}
+    assert "libvendor.so" in reasons["nodisc"]
+    assert "vendor runtime segfaulted" in reasons["nostart"]
+    with pytest.raises(BackendLoadError, match="failed to start"):
+        registry.backend("nostart")
+
+
+def test_plugins_group_registers_and_skips_broken_plugins(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    points = [
+        EntryPoint("good", "hetero_dummy_backend.plugin:register", registry_module.PLUGINS_GROUP),
+        EntryPoint("bad", "not_installed_plugin:register", registry_module.PLUGINS_GROUP),
+    ]
+    clean_env.setattr(
+        registry_module,
+        "entry_points",
+        lambda group: points if group == registry_module.PLUGINS_GROUP else [],
+    )
+    registry = Registry()
+    with caplog.at_level(logging.WARNING, logger="hetero.framework.registry"):
+        stages = registry.extensions("stage")
+    assert set(stages) == {"dummy_echo"}
+    assert "'bad'" in caplog.text and "skipped" in caplog.text
