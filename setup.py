@@ -7,6 +7,7 @@ FOLDERS = (
     "backends/cuda",
     "backends/rocm",
     "backends/npu",
+    "backends/sim",
     "cache",
     "sandbox",
     "policies",

@@ -29,6 +29,7 @@ from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
     BackendError,
     CompileError,
+    DeviceUnhealthyError,
     ExecutionError,
     HeteroError,
     TransferError,
@@ -37,7 +38,7 @@ from hetero.framework.errors import (
 )
 from hetero.framework.graph import ComputeGraph
 
-__all__ = ["Backend", "Executable", "LatencyStats", "LoadedModel", "RunResult"]
+__all__ = ["Backend", "Executable", "LatencyStats", "LoadedModel", "RunResult", "batch_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +119,13 @@ class Backend(abc.ABC):
     visible_devices_env_var: ClassVar[str | None] = None
     supports_graph_capture: ClassVar[bool] = False
     supports_peer_copy: ClassVar[bool] = False
+    produces_outputs: ClassVar[bool] = True
+    """False for a modelling backend (``sim``): runs return no outputs and a modelled latency."""
 
     def __init__(self) -> None:
         self._devices: tuple[DeviceSpec, ...] | None = None
         self._loaded: dict[str, LoadedModel] = {}
+        self._unhealthy: dict[str, str] = {}
         self._lock = threading.Lock()
 
     # --- discovery and telemetry -------------------------------------------------------------
@@ -146,14 +150,39 @@ class Backend(abc.ABC):
         raise UnknownDeviceError(device_id)
 
     def telemetry(self, device_id: str) -> Telemetry:
-        """What ``device_id`` is doing now."""
+        """What ``device_id`` is doing now.
+
+        A failure to read it (the device fell off the bus, the driver reset) marks the device
+        unhealthy and raises :class:`DeviceUnhealthyError`; the process carries on.
+        """
         self.device(device_id)
         try:
             return self._telemetry(device_id)
         except HeteroError:
             raise
         except Exception as err:
-            raise BackendError(f"{device_id}: telemetry failed: {err}") from err
+            reason = f"telemetry failed: {_describe(err)}"
+            self.mark_unhealthy(device_id, reason)
+            raise DeviceUnhealthyError(device_id, reason) from err
+
+    # --- health ------------------------------------------------------------------------------
+
+    def mark_unhealthy(self, device_id: str, reason: str) -> None:
+        """Take ``device_id`` out of placement until :meth:`mark_healthy`."""
+        with self._lock:
+            if device_id not in self._unhealthy:
+                logger.warning("%s: marked unhealthy: %s", device_id, reason)
+            self._unhealthy[device_id] = reason
+
+    def mark_healthy(self, device_id: str) -> None:
+        """Put ``device_id`` back into placement."""
+        with self._lock:
+            self._unhealthy.pop(device_id, None)
+
+    def health(self, device_id: str) -> str | None:
+        """None when healthy, else why not."""
+        with self._lock:
+            return self._unhealthy.get(device_id)
 
     # --- compile, load, run ------------------------------------------------------------------
 
@@ -212,7 +241,10 @@ class Backend(abc.ABC):
         except Exception as err:
             raise ExecutionError(model.device_id, model.graph.name, _describe(err)) from err
         elapsed = time.perf_counter() - started
-        model.latency.record(elapsed, _batch_size(inputs))
+        modelled = self._modelled_seconds(model, inputs)
+        if modelled is not None:
+            elapsed = modelled
+        model.latency.record(elapsed, batch_size(inputs))
         return RunResult(outputs=outputs, latency_s=elapsed)
 
     def copy(self, array: np.ndarray[Any, Any], src: str, dst: str) -> np.ndarray[Any, Any]:
@@ -287,8 +319,13 @@ class Backend(abc.ABC):
     def _capture(self, model: LoadedModel, example_inputs: Arrays) -> LoadedModel:
         raise UnsupportedCapabilityError(f"{self.name}: graph capture is not implemented")
 
+    def _modelled_seconds(self, model: LoadedModel, inputs: Arrays) -> float | None:
+        """A modelling backend's duration for this run, reported instead of wall time."""
+        return None
 
-def _batch_size(inputs: Arrays) -> int:
+
+def batch_size(inputs: Arrays) -> int:
+    """Items in a run: the leading dimension of the first input with one (1 otherwise)."""
     for array in inputs.values():
         shape = getattr(array, "shape", ())
         if shape:

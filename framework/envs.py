@@ -8,6 +8,9 @@
                                points; ``0`` loads only built-ins and backends named
                                explicitly.
 ``HETERO_LOG_LEVEL``           Log level for the CLI (``WARNING`` by default).
+``HETERO_SIM_POLICY``          Policy whose ``devices.simulated`` the ``sim`` backend offers
+                               when built through the registry (default
+                               ``builtin:sim/mixed-fleet``).
 =============================  ==========================================================
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["EnvError", "backend_autoload", "log_level", "plugin_allow_list"]
+__all__ = ["EnvError", "backend_autoload", "log_level", "plugin_allow_list", "sim_policy"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -50,3 +53,8 @@ def log_level() -> str:
     if raw not in _LEVELS:
         raise EnvError(f"HETERO_LOG_LEVEL: expected one of {sorted(_LEVELS)}, got {raw!r}")
     return raw
+
+
+def sim_policy() -> str:
+    """Policy (path or ``builtin:<name>``) the sim backend reads its devices from."""
+    return os.environ.get("HETERO_SIM_POLICY", "").strip() or "builtin:sim/mixed-fleet"

@@ -22,6 +22,7 @@ library still catch what they expect. Errors carry their context as attributes.
     │   └── UnsupportedCapabilityError(BackendError, NotImplementedError)
     └── DeviceError
         ├── UnknownDeviceError(DeviceError, KeyError)               .device
+        ├── DeviceUnhealthyError(DeviceError, RuntimeError)         .device .reason
         └── OutOfDeviceMemoryError(DeviceError, MemoryError)        .device .requested .available
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "CompileError",
     "CyclicPipelineError",
     "DeviceError",
+    "DeviceUnhealthyError",
     "ExecutionError",
     "HeteroError",
     "OutOfDeviceMemoryError",
@@ -186,6 +188,15 @@ class UnknownDeviceError(DeviceError, KeyError):
 
     def __str__(self) -> str:
         return f"unknown device {self.device!r}"
+
+
+class DeviceUnhealthyError(DeviceError, RuntimeError):
+    """A device stopped answering (NVML error mid-run, a reset); it is out of placement."""
+
+    def __init__(self, device: str, reason: str) -> None:
+        self.device = device
+        self.reason = reason
+        super().__init__(f"{device}: unhealthy: {reason}")
 
 
 class OutOfDeviceMemoryError(DeviceError, MemoryError):

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
+from hetero.framework.policy.references import resolve_group
 from hetero.framework.policy.schema import DeviceOverride, DevicesConfig, SimulatedDeviceGroup
 from hetero.framework.registry import Detection, Registry
+from hetero.framework.topology import Topology
 
 __all__ = ["Fleet", "discover_devices", "resolve_fleet", "simulated_devices"]
 
@@ -40,17 +42,29 @@ class Fleet:
     unavailable: tuple[Detection, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()
     simulated: bool = False
+    network_bandwidth_bytes_per_s: float = 25e9
+    network_latency_s: float = 5e-6
+
+    def topology(self) -> Topology:
+        """The topology model of these devices."""
+        return Topology(
+            self.devices,
+            network_bandwidth_bytes_per_s=self.network_bandwidth_bytes_per_s,
+            network_latency_s=self.network_latency_s,
+        )
 
 
 def discover_devices(registry: Registry) -> tuple[list[DeviceSpec], list[Detection]]:
-    """Every device of every available backend, and the backends that are not available.
+    """Every device of every available hardware backend, and the backends that are not available.
 
     A backend that fails while discovering is reported as unavailable, never raised: a broken
-    vendor library must not stop start-up.
+    vendor library must not stop start-up. Simulated backends are not hardware and are left out.
     """
     devices: list[DeviceSpec] = []
     unavailable: list[Detection] = []
     for detection in registry.detections():
+        if detection.simulated:
+            continue
         if not detection.available:
             unavailable.append(detection)
             continue
@@ -66,32 +80,36 @@ def simulated_devices(groups: tuple[SimulatedDeviceGroup, ...]) -> list[DeviceSp
     """DeviceSpecs for the policy's simulated groups; devices of a group are fully linked."""
     devices: list[DeviceSpec] = []
     for group in groups:
+        figures = resolve_group(group)
         ids = [f"{SIM_BACKEND}:{group.name}-{index}" for index in range(group.count)]
+        interconnect = figures["interconnect"]
         for device_id in ids:
             links: tuple[Link, ...] = ()
-            if group.interconnect != "none" and group.interconnect_bandwidth:
+            if interconnect != "none" and figures.get("interconnect_bandwidth"):
                 links = tuple(
                     Link(
                         peer=peer,
-                        kind=LinkKind(group.interconnect),
-                        bandwidth_bytes_per_s=group.interconnect_bandwidth,
+                        kind=LinkKind(interconnect),
+                        bandwidth_bytes_per_s=figures["interconnect_bandwidth"],
                     )
                     for peer in ids
                     if peer != device_id
                 )
-            properties = {"simulated": True, "group": group.name}
-            if group.host_bandwidth:
-                properties["host_bandwidth_bytes_per_s"] = group.host_bandwidth
+            properties: dict[str, object] = {"simulated": True, "group": group.name}
+            if group.preset:
+                properties["preset"] = group.preset
+            if figures.get("host_bandwidth"):
+                properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
             devices.append(
                 DeviceSpec(
                     id=device_id,
-                    device_class=DeviceClass(group.device_class),
-                    vendor_name=group.vendor_name,
+                    device_class=DeviceClass(figures["class"]),
+                    vendor_name=figures["vendor_name"],
                     backend=SIM_BACKEND,
                     host=group.host,
-                    memory_bytes=group.memory,
-                    peak_flops=dict(group.peak_flops),
-                    memory_bandwidth_bytes_per_s=group.memory_bandwidth,
+                    memory_bytes=int(figures["memory"]),
+                    peak_flops=dict(figures["peak_flops"]),
+                    memory_bandwidth_bytes_per_s=figures["memory_bandwidth"],
                     links=links,
                     properties=properties,
                 )
@@ -151,9 +169,18 @@ def apply_device_rules(
 def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
     """The fleet ``policy`` runs on, here."""
     config = policy.spec.devices
+    network = {
+        "network_bandwidth_bytes_per_s": config.network.bandwidth,
+        "network_latency_s": config.network.latency_us * 1e-6,
+    }
     if config.simulated:
         devices, excluded = apply_device_rules(simulated_devices(config.simulated), config)
-        return Fleet(devices=tuple(devices), excluded=tuple(excluded), simulated=True)
+        return Fleet(devices=tuple(devices), excluded=tuple(excluded), simulated=True, **network)
     found, unavailable = discover_devices(registry)
     devices, excluded = apply_device_rules(found, config)
-    return Fleet(devices=tuple(devices), unavailable=tuple(unavailable), excluded=tuple(excluded))
+    return Fleet(
+        devices=tuple(devices),
+        unavailable=tuple(unavailable),
+        excluded=tuple(excluded),
+        **network,
+    )

@@ -105,7 +105,7 @@ def plan_policy(policy: Policy, fleet: Fleet) -> list[StagePlan]:
     """Every stage variant of ``policy`` costed on every device of ``fleet``."""
     reserve = policy.spec.scheduler.memory_reserve_fraction
     plans = []
-    for stage_name, stage in policy.spec.stages.items():
+    for stage_name, stage in sorted(policy.spec.stages.items()):
         for variant_name in ("full", "light"):
             variant = stage.variants.get(variant_name)
             if variant is None:

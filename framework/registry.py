@@ -56,6 +56,7 @@ class Detection:
         reason: Why not (``NVML library not found``), or what was found.
         factory: Builds the backend; None when unavailable.
         priority: Higher ranks first when several backends can run a stage.
+        simulated: Its devices are modelled, not hardware: host discovery leaves it out.
     """
 
     name: str
@@ -63,13 +64,27 @@ class Detection:
     reason: str
     factory: Callable[[], Backend] | None = None
     priority: int = 0
+    simulated: bool = False
 
     @classmethod
     def found(
-        cls, name: str, factory: Callable[[], Backend], reason: str = "", priority: int = 0
+        cls,
+        name: str,
+        factory: Callable[[], Backend],
+        reason: str = "",
+        priority: int = 0,
+        *,
+        simulated: bool = False,
     ) -> Detection:
         """An available backend."""
-        return cls(name=name, available=True, reason=reason, factory=factory, priority=priority)
+        return cls(
+            name=name,
+            available=True,
+            reason=reason,
+            factory=factory,
+            priority=priority,
+            simulated=simulated,
+        )
 
     @classmethod
     def missing(cls, name: str, reason: str) -> Detection:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from hetero.framework import envs
-from hetero.framework.cli.commands import run_devices, run_plan
+from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.errors import HeteroError, PolicyValidationError
 from hetero.framework.registry import default_registry
 
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     devices = commands.add_parser("devices", help="list devices of every backend")
     devices.add_argument("--json", action="store_true", help="machine-readable output")
+    devices.add_argument(
+        "--policy", help="show the devices this policy uses (its simulated fleet), with topology"
+    )
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _configure_logging(args.debug, err)
         registry = default_registry()
+        if args.command == "devices" and args.policy:
+            return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":
             return run_devices(out, registry, args.json)
         return run_plan(out, registry, args.policy, args.json)

@@ -14,6 +14,7 @@ from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
 from hetero.framework.plan import plan_policy
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
+from hetero.framework.topology import Topology
 
 
 def _flops_text(device: DeviceSpec) -> str:
@@ -49,6 +50,79 @@ def devices_table(devices: list[DeviceSpec] | tuple[DeviceSpec, ...], title: str
     return table
 
 
+TOPOLOGY_PROBE_BYTES = 64 * 2**20
+_SHORT_KIND = {"nvlink": "NVL", "xgmi": "XGMI", "pcie": "PCIe", "network": "NET", "host": "HOST"}
+
+
+def _route_text(topology: Topology, src: str, dst: str) -> str:
+    if src == dst:
+        return "X"
+    hops = topology.route(TOPOLOGY_PROBE_BYTES, src, dst)
+    if len(hops) == 1:
+        hop = hops[0]
+        return f"{_SHORT_KIND.get(hop.kind, hop.kind)} {rate_text(hop.bandwidth_bytes_per_s, '')}"
+    return "NET" if any(hop.kind == "network" for hop in hops) else "HOST"
+
+
+def topology_table(topology: Topology) -> Table:
+    """An ``nvidia-smi topo -m`` style matrix: the direct link, or how a transfer is routed."""
+    ids = [device.id for device in topology.devices]
+    table = Table(
+        title=f"Topology (route for {bytes_text(TOPOLOGY_PROBE_BYTES)} transfers)",
+        title_justify="left",
+    )
+    table.add_column("")
+    for device_id in ids:
+        table.add_column(device_id.split(":", 1)[1])
+    for src in ids:
+        table.add_row(src, *(_route_text(topology, src, dst) for dst in ids))
+    return table
+
+
+def _topology_json(topology: Topology) -> list[dict[str, Any]]:
+    pairs = []
+    for src in topology.devices:
+        for dst in topology.devices:
+            if src.id == dst.id:
+                continue
+            hops = topology.route(TOPOLOGY_PROBE_BYTES, src.id, dst.id)
+            pairs.append(
+                {
+                    "src": src.id,
+                    "dst": dst.id,
+                    "route": [hop.kind for hop in hops],
+                    "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
+                }
+            )
+    return pairs
+
+
+def run_policy_devices(
+    console: Console, registry: Registry, policy_path: str, as_json: bool
+) -> int:
+    """The devices a policy would use here (or its simulated fleet), with their topology."""
+    policy = load_policy(policy_path)
+    fleet = resolve_fleet(policy, registry)
+    topology = fleet.topology()
+    if as_json:
+        payload = {
+            "policy": policy.spec.name,
+            "simulated": fleet.simulated,
+            "devices": [device.to_dict() for device in fleet.devices],
+            "unavailable": {d.name: d.reason for d in fleet.unavailable},
+            "excluded": dict(fleet.excluded),
+            "topology": _topology_json(topology),
+        }
+        console.print_json(json.dumps(payload))
+        return 0
+    title = f"Devices of policy {policy.spec.name!r}" + (" (simulated)" if fleet.simulated else "")
+    console.print(devices_table(fleet.devices, title))
+    _print_fleet_notes(console, fleet)
+    if len(fleet.devices) > 1:
+        console.print(topology_table(topology))
+    return 0
+
+
 def run_devices(console: Console, registry: Registry, as_json: bool) -> int:
     """List every device of every available backend, and why the others are unavailable."""
     devices, unavailable = discover_devices(registry)
@@ -61,6 +135,7 @@ def run_devices(console: Console, registry: Registry, as_json: bool) -> int:
                     "available": d.available,
                     "reason": next((u.reason for u in unavailable if u.name == d.name), d.reason),
                     "priority": d.priority,
+                    "simulated": d.simulated,
                 }
                 for d in detections
             ],
@@ -98,7 +173,7 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
             "excluded": {device_id: reason for device_id, reason in fleet.excluded},
             "stages": [plan.to_dict() for plan in plans],
             "routes": dict(policy.spec.routes),
-            "pipelines": {name: list(p.order) for name, p in policy.pipelines.items()},
+            "pipelines": {name: list(p.order) for name, p in sorted(policy.pipelines.items())},
         }
         console.print_json(json.dumps(payload))
         return 0

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pyrsistent import pmap
 
+from hetero.framework.device_presets import PRESETS
 from hetero.framework.errors import CyclicPipelineError, PipelineError, PolicyValidationError
-from hetero.framework.policy.schema import PolicySpec
+from hetero.framework.policy.schema import PolicySpec, SimulatedDeviceGroup
 from hetero.framework.policy.yaml_source import LocatedYaml
 from hetero.framework.stages import Pipeline, PipelineStep
 
-__all__ = ["build_pipelines", "check_references"]
+__all__ = ["build_pipelines", "check_references", "resolve_group"]
 
 
 def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
@@ -49,11 +51,7 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
             ("circuit_breaker", "complexity", "shed_above_p95"),
             "must be at least degrade_above_p95",
         )
-    seen_groups: set[str] = set()
-    for index, group in enumerate(spec.devices.simulated):
-        if group.name in seen_groups:
-            raise source.error(("devices", "simulated", index, "name"), "duplicate group name")
-        seen_groups.add(group.name)
+    _check_simulated(spec, source)
     for route, target in spec.routes.items():
         if target not in spec.pipelines and target not in spec.stages:
             raise source.error(
@@ -61,6 +59,54 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
                 f"no pipeline or stage named {target!r}"
                 + _choices({**dict(spec.pipelines), **dict(spec.stages)}),
             )
+
+
+_REQUIRED_FIGURES = ("class", "vendor_name", "memory", "memory_bandwidth", "peak_flops")
+
+
+def _check_simulated(spec: PolicySpec, source: LocatedYaml) -> None:
+    """Presets exist, every group has its figures, and links point at devices that exist."""
+    seen_groups: set[str] = set()
+    sim_ids: set[str] = set()
+    for index, group in enumerate(spec.devices.simulated):
+        key = ("devices", "simulated", index)
+        if group.name in seen_groups:
+            raise source.error((*key, "name"), "duplicate group name")
+        seen_groups.add(group.name)
+        if group.preset is not None and group.preset not in PRESETS:
+            raise source.error(
+                (*key, "preset"),
+                f"unknown preset {group.preset!r} (known: {', '.join(sorted(PRESETS))})",
+            )
+        figures = resolve_group(group)
+        missing = [name for name in _REQUIRED_FIGURES if figures.get(name) is None]
+        if missing:
+            raise source.error(key, f"needs {', '.join(missing)} (or a preset)")
+        sim_ids.update(f"sim:{group.name}-{i}" for i in range(group.count))
+    if not spec.devices.simulated:
+        return
+    for device_id, override in spec.devices.overrides.items():
+        if device_id not in sim_ids:
+            raise source.error(
+                ("devices", "overrides", device_id), f"no simulated device {device_id!r}"
+            )
+        for index, link in enumerate(override.links or ()):
+            if link.peer not in sim_ids:
+                raise source.error(
+                    ("devices", "overrides", device_id, "links", index, "peer"),
+                    f"link to a missing device {link.peer!r}",
+                )
+
+
+def resolve_group(group: SimulatedDeviceGroup) -> dict[str, Any]:
+    """A simulated group's figures: its preset's, overridden by what the group states."""
+    figures: dict[str, Any] = dict(PRESETS.get(group.preset, {})) if group.preset else {}
+    for name, field in type(group).model_fields.items():
+        value = getattr(group, name)
+        if value is not None and name not in {"name", "preset"}:
+            figures[field.alias or name] = value
+    figures.setdefault("interconnect", "none")
+    return figures
 
 
 def build_pipelines(spec: PolicySpec, source: LocatedYaml) -> Mapping[str, Pipeline]:

@@ -101,19 +101,32 @@ class DeviceOverride(_Frozen):
 
 
 class SimulatedDeviceGroup(_Frozen):
-    """``count`` identical simulated devices, for planning and the simulator."""
+    """``count`` identical simulated devices, for planning and the simulator.
+
+    Figures come from ``preset`` (see ``hetero.framework.device_presets``) and any key given
+    here overrides the preset's; without a preset, class, vendor_name, memory,
+    memory_bandwidth and peak_flops are required.
+    """
 
     name: Name
-    device_class: DeviceClassName = Field(alias="class")
-    vendor_name: Name
+    preset: Name | None = None
+    device_class: DeviceClassName | None = Field(default=None, alias="class")
+    vendor_name: Name | None = None
     count: PositiveInt = 1
     host: Name = "sim-host-0"
-    memory: PositiveBytes
-    memory_bandwidth: Bandwidth
-    peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)]
-    interconnect: Literal["nvlink", "xgmi", "pcie", "network", "none"] = "none"
+    memory: PositiveBytes | None = None
+    memory_bandwidth: Bandwidth | None = None
+    peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
+    interconnect: Literal["nvlink", "xgmi", "pcie", "network", "none"] | None = None
     interconnect_bandwidth: Bandwidth | None = None
     host_bandwidth: Bandwidth | None = None
+
+
+class NetworkConfig(_Frozen):
+    """The network between hosts."""
+
+    bandwidth: Bandwidth = 25e9
+    latency_us: NonNegativeFloat = 5.0
 
 
 class DevicesConfig(_Frozen):
@@ -123,6 +136,7 @@ class DevicesConfig(_Frozen):
     deny: tuple[Name, ...] = ()
     overrides: Annotated[Mapping[StrictStr, DeviceOverride], AfterValidator(_freeze)] = pmap()
     simulated: tuple[SimulatedDeviceGroup, ...] = ()
+    network: NetworkConfig = NetworkConfig()
 
 
 # --- stages and pipelines ----------------------------------------------------------------------

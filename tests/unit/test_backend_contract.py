@@ -12,6 +12,7 @@ from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
     BackendError,
     CompileError,
+    DeviceUnhealthyError,
     ExecutionError,
     TransferError,
     UnsupportedCapabilityError,
@@ -87,9 +88,14 @@ def test_incomplete_backend_fails_at_instantiation() -> None:
 
 
 def test_vendor_errors_are_translated_with_context(flaky: FlakyBackend) -> None:
-    with pytest.raises(BackendError, match="sensor offline") as telemetry:
+    assert flaky.health("flaky:0") is None
+    with pytest.raises(DeviceUnhealthyError, match="sensor offline") as telemetry:
         flaky.telemetry("flaky:0")
     assert isinstance(telemetry.value.__cause__, VendorError)
+    assert "sensor offline" in (flaky.health("flaky:0") or "")
+    assert flaky.health("flaky:1") is None  # the control: only the failing device is marked
+    flaky.mark_healthy("flaky:0")
+    assert flaky.health("flaky:0") is None
 
     FlakyBackend.fail = {"compile"}
     with pytest.raises(CompileError) as compiled:
