@@ -169,18 +169,17 @@ def apply_device_rules(
 def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
     """The fleet ``policy`` runs on, here."""
     config = policy.spec.devices
-    network = {
-        "network_bandwidth_bytes_per_s": config.network.bandwidth,
-        "network_latency_s": config.network.latency_us * 1e-6,
-    }
+    unavailable: list[Detection] = []
     if config.simulated:
-        devices, excluded = apply_device_rules(simulated_devices(config.simulated), config)
-        return Fleet(devices=tuple(devices), excluded=tuple(excluded), simulated=True, **network)
-    found, unavailable = discover_devices(registry)
+        found = simulated_devices(config.simulated)
+    else:
+        found, unavailable = discover_devices(registry)
     devices, excluded = apply_device_rules(found, config)
     return Fleet(
         devices=tuple(devices),
         unavailable=tuple(unavailable),
         excluded=tuple(excluded),
-        **network,
+        simulated=bool(config.simulated),
+        network_bandwidth_bytes_per_s=config.network.bandwidth,
+        network_latency_s=config.network.latency_us * 1e-6,
     )
