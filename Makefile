@@ -42,9 +42,10 @@ typecheck: venv
 	MYPYPATH=tests/plugins/dummy_backend $(BIN)/mypy $(MYPY_MODULES) -m hetero_dummy_backend
 
 # Everything, with the conformance suite against the real npu backend; then the suite alone
-# against the dummy out-of-tree plugin.
+# against the sim backend and the dummy out-of-tree plugin.
 pytest: venv
 	$(BIN)/pytest -q --hetero-backend=npu
+	$(BIN)/pytest -q --hetero-backend=sim tests/backends/test_conformance.py
 	$(BIN)/pytest -q --hetero-backend=dummy tests/backends/test_conformance.py
 
 test: lint typecheck pytest

@@ -10,3 +10,9 @@ from pathlib import Path
 TEST_PLUGINS = Path(sys.prefix) / "test-plugins"
 if TEST_PLUGINS.is_dir() and str(TEST_PLUGINS) not in sys.path:
     sys.path.append(str(TEST_PLUGINS))
+
+# Shared test helpers (tests/support/*.py) import by their bare names. Only that folder goes on
+# sys.path: tests/ itself would make its `backends/` folder importable as a bare package.
+HELPERS = Path(__file__).parent / "support"
+if str(HELPERS) not in sys.path:
+    sys.path.append(str(HELPERS))

@@ -1,7 +1,4 @@
-"""The CUDA backend (NVML telemetry, torch execution, CUDA Graph capture).
-
-Only detection exists so far; execution arrives with the GPU backends issue.
-"""
+"""The CUDA backend: NVML telemetry and topology, torch execution, CUDA Graph capture."""
 
 from hetero.backends.cuda.detect import detect
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from hetero.framework.registry import Detection
 
 PRIORITY = 30
@@ -26,12 +28,17 @@ def probe_nvml() -> tuple[int, str]:
         pynvml.nvmlShutdown()
     if count == 0:
         return 0, "NVML found no NVIDIA devices"
-    return count, f"{count} device(s), driver {driver}"
+    driver_text = driver.decode() if isinstance(driver, bytes) else str(driver)
+    return count, f"{count} device(s), driver {driver_text}"
 
 
 def detect() -> Detection:
-    """Unavailable here with the NVML reason; execution is not built yet even where NVML works."""
+    """Available where NVML sees a GPU and torch is installed; otherwise the reason why not."""
     count, reason = probe_nvml()
     if count == 0:
         return Detection.missing("cuda", reason)
-    return Detection.missing("cuda", f"{reason}; the cuda execution backend is not built yet")
+    if find_spec("torch") is None:
+        return Detection.missing("cuda", f"{reason}, but torch is not installed")
+    from hetero.backends.cuda.backend import CudaBackend
+
+    return Detection.found("cuda", CudaBackend, reason=reason, priority=PRIORITY)

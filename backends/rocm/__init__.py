@@ -1,7 +1,4 @@
-"""The ROCm backend (amdsmi telemetry, torch HIP execution, HIP Graph capture).
-
-Only detection exists so far; execution arrives with the GPU backends issue.
-"""
+"""The ROCm backend: amdsmi telemetry and xGMI topology, torch HIP execution, HIP Graphs."""
 
 from hetero.backends.rocm.detect import detect
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from importlib.util import find_spec
 from typing import Any
 
 from hetero.framework.registry import Detection
@@ -43,8 +44,12 @@ def probe_amdsmi() -> tuple[int, str]:
 
 
 def detect() -> Detection:
-    """Unavailable here with the amdsmi reason; execution is not built yet even where it works."""
+    """Available where amdsmi sees a GPU and torch is installed; otherwise the reason why not."""
     count, reason = probe_amdsmi()
     if count == 0:
         return Detection.missing("rocm", reason)
-    return Detection.missing("rocm", f"{reason}; the rocm execution backend is not built yet")
+    if find_spec("torch") is None:
+        return Detection.missing("rocm", f"{reason}, but torch is not installed")
+    from hetero.backends.rocm.backend import RocmBackend
+
+    return Detection.found("rocm", RocmBackend, reason=reason, priority=PRIORITY)
