@@ -116,3 +116,27 @@ def test_version() -> None:
     result = hetero("--version")
     assert result.returncode == 0
     assert result.stdout.startswith("hetero 0.")
+
+
+def test_devices_of_a_simulated_policy_with_topology() -> None:
+    result = hetero("devices", "--policy", "policies/sim/mixed-fleet.yaml", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["simulated"] is True
+    assert len(payload["devices"]) == 9
+    routes = {(p["src"], p["dst"]): p["route"] for p in payload["topology"]}
+    assert routes[("sim:a100-0", "sim:a100-1")] == ["nvlink"]
+    assert routes[("sim:mi300x-0", "sim:mi300x-1")] == ["xgmi"]
+    assert routes[("sim:a100-0", "sim:mi300x-0")] == ["host", "network", "host"]
+    table = hetero("devices", "--policy", "policies/sim/8xa100.yaml")
+    assert table.returncode == 0, table.stderr
+    assert "Topology" in table.stdout and "NVL 300 G" in table.stdout
+
+
+def test_devices_with_a_bad_policy_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "sim.yaml"
+    text = (REPO / "policies" / "sim" / "8xa100.yaml").read_text()
+    bad.write_text(text.replace("preset: A100-SXM4-80GB", "preset: A100-SXM9"))
+    result = hetero("devices", "--policy", str(bad))
+    assert result.returncode == 2
+    assert "devices.simulated[0].preset: unknown preset 'A100-SXM9'" in result.stderr

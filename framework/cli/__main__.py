@@ -1,0 +1,5 @@
+"""``python -m hetero.framework.cli``."""
+
+from hetero.framework.cli import entry
+
+entry()
