@@ -20,6 +20,12 @@ library still catch what they expect. Errors carry their context as attributes.
     │   ├── ExecutionError(BackendError, RuntimeError)              .device .graph
     │   ├── TransferError(BackendError, RuntimeError)               .src .dst
     │   └── UnsupportedCapabilityError(BackendError, NotImplementedError)
+    ├── SchedulingError(HeteroError, RuntimeError)
+    │   ├── ShedError                                               .reason .status .retry_after_s
+    │   │   └── QueueFullError                                      .stage .qos_class .bound
+    │   ├── NoEligibleDeviceError                                   .stage .reasons
+    │   ├── UnknownRouteError(SchedulingError, KeyError)            .route
+    │   └── RequestTimeoutError(SchedulingError, TimeoutError)      .request_id
     └── DeviceError
         ├── UnknownDeviceError(DeviceError, KeyError)               .device
         ├── DeviceUnhealthyError(DeviceError, RuntimeError)         .device .reason
@@ -41,14 +47,20 @@ __all__ = [
     "ExecutionError",
     "HeteroError",
     "OutOfDeviceMemoryError",
+    "NoEligibleDeviceError",
     "PipelineError",
     "PolicyError",
     "PolicyNotFoundError",
     "PolicySyntaxError",
     "PolicyValidationError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "SchedulingError",
+    "ShedError",
     "TransferError",
     "UnknownBackendError",
     "UnknownDeviceError",
+    "UnknownRouteError",
     "UnsupportedCapabilityError",
 ]
 
@@ -173,6 +185,67 @@ class TransferError(BackendError, RuntimeError):
 
 class UnsupportedCapabilityError(BackendError, NotImplementedError):
     """An optional capability (graph capture, peer copy) was used on a backend without it."""
+
+
+class SchedulingError(HeteroError, RuntimeError):
+    """A request could not be scheduled."""
+
+
+class ShedError(SchedulingError):
+    """Admission refused the request; clients should retry after ``retry_after_s``.
+
+    ``status`` is the HTTP status the server answers with: 429 when the request itself is too
+    heavy or its class is over its bound, 503 when the service as a whole is overloaded.
+    """
+
+    def __init__(self, reason: str, *, status: int = 429, retry_after_s: float = 1.0) -> None:
+        self.reason = reason
+        self.status = status
+        self.retry_after_s = retry_after_s
+        super().__init__(f"shed: {reason} (retry after {retry_after_s:.1f} s)")
+
+
+class QueueFullError(ShedError):
+    """A QoS class's queue for a stage is at its bound."""
+
+    def __init__(self, stage: str, qos_class: str, bound: int) -> None:
+        self.stage = stage
+        self.qos_class = qos_class
+        self.bound = bound
+        super().__init__(
+            f"queue of stage {stage!r} is full for class {qos_class!r} ({bound} queued)",
+            status=429,
+        )
+
+
+class NoEligibleDeviceError(SchedulingError):
+    """No device may run a stage; ``reasons`` says why, device by device."""
+
+    def __init__(self, stage: str, reasons: dict[str, str]) -> None:
+        self.stage = stage
+        self.reasons = reasons
+        detail = "; ".join(f"{d}: {r}" for d, r in sorted(reasons.items())) or "no devices"
+        super().__init__(f"no eligible device for stage {stage!r} ({detail})")
+
+
+class UnknownRouteError(SchedulingError, KeyError):
+    """No route of the policy matches."""
+
+    def __init__(self, route: str, known: tuple[str, ...]) -> None:
+        self.route = route
+        self.known = known
+        super().__init__(route)
+
+    def __str__(self) -> str:
+        return f"unknown route {self.route!r} (routes: {', '.join(self.known) or 'none'})"
+
+
+class RequestTimeoutError(SchedulingError, TimeoutError):
+    """A request did not finish in time; its remaining work was cancelled."""
+
+    def __init__(self, request_id: str, timeout_s: float) -> None:
+        self.request_id = request_id
+        super().__init__(f"request {request_id} timed out after {timeout_s:.3f} s")
 
 
 class DeviceError(HeteroError):

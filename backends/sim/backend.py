@@ -23,19 +23,11 @@ LAUNCH_OVERHEAD_S = 20e-6
 
 
 def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: int) -> float:
-    """Modelled duration of one batch of ``batch`` items of ``hint`` on ``device``.
-
-    Compute scales with the batch. Memory traffic has a shared part, the weights
-    (``min(resident_bytes, bytes_per_item)``), read once per batch, and a per-item rest; this is
-    why batching helps memory-bound stages (LLM decode) and not compute-bound ones. One item
-    costs exactly the roofline estimate plus the launch overhead.
-    """
-    batch = max(batch, 1)
-    compute = batch * hint.flops_per_item / device.peak_flops_for(hint.dtype)
-    shared = min(hint.resident_bytes, hint.bytes_per_item)
-    traffic = shared + batch * (hint.bytes_per_item - shared)
-    memory = traffic / device.memory_bandwidth_bytes_per_s
-    return LAUNCH_OVERHEAD_S + max(compute, memory)
+    """Modelled duration of one batch on ``device``: the roofline batch time
+    (:meth:`BandwidthHint.batch_seconds`: weights read once per batch) plus a launch overhead."""
+    peak = device.peak_flops_for(hint.dtype)
+    bandwidth = device.memory_bandwidth_bytes_per_s
+    return LAUNCH_OVERHEAD_S + hint.batch_seconds(peak, bandwidth, batch)
 
 
 class SimBackend(Backend):

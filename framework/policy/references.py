@@ -45,6 +45,12 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
             ("qos", "default_class"),
             _unknown("QoS class", spec.qos.default_class, spec.qos.classes),
         )
+    weights = {name: c.weight for name, c in spec.qos.classes.items()}
+    if spec.qos.aging_per_second == 0 and len(set(weights.values())) > 1:
+        raise source.error(
+            ("qos", "aging_per_second"),
+            "must be positive when class weights differ, or the lowest class can starve",
+        )
     breaker = spec.circuit_breaker.complexity
     if breaker.shed_above_p95 < breaker.degrade_above_p95:
         raise source.error(

@@ -241,20 +241,32 @@ class SchedulerConfig(_Frozen):
     batching: BatchingConfig = BatchingConfig()
 
 
+class ComplexityWeights(_Frozen):
+    """Weights of a request's profile terms, each in a fixed unit (see docs/policy.md)."""
+
+    text_tokens: NonNegativeFloat = 1.0  # per 1,000 tokens
+    image_pixels: NonNegativeFloat = 1.0  # per megapixel
+    audio_seconds: NonNegativeFloat = 1.0  # per 30 seconds
+
+
 class ComplexityBreaker(_Frozen):
     """Admit, degrade to ``light`` or shed, by a request's profile against the live p95."""
 
     window: PositiveInt = 512
+    min_samples: PositiveInt = 32
     degrade_above_p95: PositiveFloat = 2.0
     shed_above_p95: PositiveFloat = 4.0
+    weights: ComplexityWeights = ComplexityWeights()
 
 
 class DeviceBreaker(_Frozen):
-    """Per-(stage, device) breaker on errors and SLO misses."""
+    """Per-(stage, device) breaker on errors and slow calls (resilience4j's semantics)."""
 
     window: PositiveInt = 20
+    min_calls: PositiveInt = 5
     error_rate: Fraction = 0.5
-    slo_miss_rate: Fraction = 0.8
+    slow_call_rate: Fraction = 0.8
+    slow_call_s: PositiveFloat = 10.0
     open_s: PositiveFloat = 10.0
     half_open_probes: PositiveInt = 1
 

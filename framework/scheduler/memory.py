@@ -1,0 +1,130 @@
+"""Per-device memory manager: what is resident, what may be evicted, counts of both.
+
+Victims are idle models (no work in flight) older than their minimum residency, chosen by the
+score ``idle seconds x bytes / reload seconds``: a large model that has been idle long and is
+cheap to bring back goes first, so one large idle model is evicted before three small hot ones.
+Victims are taken greedily by score until enough room is free; if idle models cannot free
+enough, nothing is evicted and the caller places elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["LoadPlan", "MemoryManager", "Residency"]
+
+MIN_RELOAD_S = 1e-3
+
+
+@dataclass(slots=True)
+class Residency:
+    """One resident model on one device."""
+
+    key: str
+    bytes: int
+    reload_s: float
+    loaded_at: float
+    last_used: float
+    min_residency_s: float
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """What making a model resident takes: evictions first, then a load (or nothing)."""
+
+    key: str
+    load: bool
+    evict: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class MemoryManager:
+    """Memory of one device, in bytes: capacity after the policy's reserve."""
+
+    device_id: str
+    capacity: int
+    resident: dict[str, Residency] = field(default_factory=dict)
+    loads: int = 0
+    evictions: int = 0
+
+    @property
+    def used(self) -> int:
+        """Bytes held by resident models."""
+        return sum(r.bytes for r in self.resident.values())
+
+    @property
+    def free(self) -> int:
+        """Bytes not held."""
+        return self.capacity - self.used
+
+    def is_resident(self, key: str) -> bool:
+        """Whether ``key`` is loaded here."""
+        return key in self.resident
+
+    def _victims(self, needed: int, now: float) -> tuple[str, ...] | None:
+        if needed <= self.free:
+            return ()
+        candidates = [
+            r
+            for r in self.resident.values()
+            if r.in_flight == 0 and now - r.loaded_at >= r.min_residency_s
+        ]
+        candidates.sort(
+            key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
+            reverse=True,
+        )
+        freed = self.free
+        chosen: list[str] = []
+        for victim in candidates:
+            if freed >= needed:
+                break
+            chosen.append(victim.key)
+            freed += victim.bytes
+        return tuple(chosen) if freed >= needed else None
+
+    def can_host(self, key: str, size: int, now: float) -> bool:
+        """Whether ``key`` is resident or could be made so by evicting idle models."""
+        return key in self.resident or (size <= self.capacity and self._victims(size, now) is not None)
+
+    def plan(self, key: str, size: int, now: float) -> LoadPlan | None:
+        """What making ``key`` resident takes, or None if no room can be made."""
+        if key in self.resident:
+            return LoadPlan(key=key, load=False)
+        if size > self.capacity:
+            return None
+        victims = self._victims(size, now)
+        if victims is None:
+            return None
+        return LoadPlan(key=key, load=True, evict=victims)
+
+    def apply(
+        self, plan: LoadPlan, size: int, reload_s: float, now: float, min_residency_s: float
+    ) -> None:
+        """Record ``plan`` as done: evictions removed, the model resident."""
+        for victim in plan.evict:
+            if self.resident.pop(victim, None) is not None:
+                self.evictions += 1
+        if plan.load:
+            self.resident[plan.key] = Residency(
+                key=plan.key,
+                bytes=size,
+                reload_s=reload_s,
+                loaded_at=now,
+                last_used=now,
+                min_residency_s=min_residency_s,
+            )
+            self.loads += 1
+
+    def begin(self, key: str, now: float) -> None:
+        """Work on ``key`` starts: it cannot be evicted until :meth:`end`."""
+        residency = self.resident[key]
+        residency.in_flight += 1
+        residency.last_used = now
+
+    def end(self, key: str, now: float) -> None:
+        """Work on ``key`` finished."""
+        residency = self.resident.get(key)
+        if residency is not None:
+            residency.in_flight = max(0, residency.in_flight - 1)
+            residency.last_used = now

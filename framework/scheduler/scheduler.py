@@ -1,0 +1,380 @@
+"""The scheduler: queues, placement, memory manager and failure breakers behind one object.
+
+It knows devices and costs, never libraries: the engine (wall clock, real backends) and the
+simulator (virtual clock, sim devices) drive the same object. A caller ``enqueue``\\ s stage
+tasks, calls :meth:`Scheduler.dispatch` until it returns None, carries each
+:class:`Dispatch` out (evict, load, run) and reports it with :meth:`Scheduler.completed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import HeteroError, NoEligibleDeviceError
+from hetero.framework.plan import hint_from_variant
+from hetero.framework.policy import Policy
+from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
+from hetero.framework.scheduler.clock import Clock
+from hetero.framework.scheduler.costs import FleetCosts, StageCosts
+from hetero.framework.scheduler.memory import LoadPlan, MemoryManager
+from hetero.framework.scheduler.queues import QueueClass, StageQueue
+from hetero.framework.scheduler.tasks import StageTask
+from hetero.framework.topology import Topology
+
+__all__ = ["PLACEMENTS", "Dispatch", "PlacementDecision", "Rejection", "Scheduler"]
+
+logger = logging.getLogger(__name__)
+
+PLACEMENTS = ("cost_model", "round_robin", "least_connections")
+DECISIONS_KEPT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementDecision:
+    """Why a task went where it went: the estimate and its terms, in seconds."""
+
+    task_id: int
+    stage: str
+    variant: str
+    device_id: str
+    policy: str
+    estimate_s: float
+    queue_s: float
+    load_s: float
+    compute_s: float
+    transfer_s: float
+    candidates: int
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A placed task: evict ``load.evict``, load the model if ``load.load``, then run."""
+
+    task: StageTask
+    device_id: str
+    model_key: str
+    load: LoadPlan
+    decision: PlacementDecision
+    estimate_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A task that cannot run anywhere, with the error to report."""
+
+    task: StageTask
+    error: HeteroError
+
+
+@dataclass(slots=True)
+class _Tables:
+    costs: StageCosts
+    pending: np.ndarray  # tasks dispatched to each device, not yet finished
+    correction: np.ndarray  # measured over modelled, per device
+    resident: np.ndarray
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters the engine and the simulator export."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def _always(stage: str, variant: str, device_id: str) -> bool:
+    return True
+
+
+class Scheduler:
+    """Queues per stage, cost-model placement, memory and breakers for one fleet."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        devices: Sequence[DeviceSpec],
+        topology: Topology,
+        clock: Clock,
+        *,
+        placement: str | None = None,
+        can_run: Callable[[str, str, str], bool] = _always,
+    ) -> None:
+        spec = policy.spec
+        self.policy = policy
+        self.clock = clock
+        self.placement = placement or spec.scheduler.placement
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {self.placement!r} (known: {', '.join(PLACEMENTS)})")
+        self.devices = tuple(devices)
+        reserve = spec.scheduler.memory_reserve_fraction
+        capacity = [int(d.memory_bytes * (1 - reserve)) for d in self.devices]
+        self.fleet = FleetCosts(self.devices, topology, capacity)
+        self.memory = [MemoryManager(d.id, c) for d, c in zip(self.devices, capacity, strict=True)]
+        count = len(self.devices)
+        self.tables: dict[str, _Tables] = {}
+        for name, stage in spec.stages.items():
+            residency = stage.min_residency_s
+            if residency is None:
+                residency = spec.scheduler.min_residency_s
+            for variant_name, variant in stage.variants.items():
+                costs = self.fleet.stage(
+                    name,
+                    variant_name,
+                    hint_from_variant(variant),
+                    stage.device_classes,
+                    residency,
+                    can_run,
+                )
+                self.tables[costs.key] = _Tables(
+                    costs, np.zeros(count, np.int64), np.ones(count), np.zeros(count, bool)
+                )
+        classes = {
+            name: QueueClass(weight=c.weight, bound=c.queue_bound)
+            for name, c in spec.qos.classes.items()
+        }
+        self.queues = {
+            name: StageQueue(name, classes, spec.qos.aging_per_second) for name in spec.stages
+        }
+        self.weights = spec.scheduler.weights
+        self.smoothing = spec.scheduler.measured_smoothing
+        self.backlog = np.zeros(count)
+        self.in_flight = np.zeros(count, np.int64)
+        self.healthy = np.ones(count, bool)
+        self._breakers: dict[tuple[str, int], DeviceBreaker] = {}
+        self._breaker_blocked = {name: np.zeros(count, bool) for name in spec.stages}
+        self._not_closed: dict[str, set[int]] = {name: set() for name in spec.stages}
+        self._round_robin = dict.fromkeys(spec.stages, -1)
+        self._blocked_stages: set[str] = set()
+        self.decisions: deque[PlacementDecision] = deque(maxlen=DECISIONS_KEPT)
+        self.stats = SchedulerStats()
+
+    # --- queues ------------------------------------------------------------------------------
+
+    def enqueue(self, task: StageTask) -> None:
+        """Queue a task (:class:`QueueFullError` sheds it)."""
+        self.queues[task.stage].push(task)
+        self._blocked_stages.discard(task.stage)
+
+    def queued(self) -> int:
+        """Tasks waiting in all queues."""
+        return sum(len(queue) for queue in self.queues.values())
+
+    def queue_delay_s(self) -> float:
+        """The work already promised to devices, per device on average: admission's pressure."""
+        live = self.healthy.sum()
+        return float(self.backlog.sum() / live) if live else float("inf")
+
+    def cancel(self, task: StageTask) -> None:
+        """Drop a queued task (lazily)."""
+        self.queues[task.stage].cancel(task)
+
+    # --- health and breakers -----------------------------------------------------------------
+
+    def set_health(self, device_id: str, healthy: bool) -> None:
+        """Take a device out of placement, or put it back."""
+        self.healthy[self.fleet.index[device_id]] = healthy
+        self._blocked_stages.clear()
+
+    def breaker(self, stage: str, device_id: str) -> DeviceBreaker:
+        """The failure breaker of (stage, device)."""
+        index = self.fleet.index[device_id]
+        key = (stage, index)
+        if key not in self._breakers:
+            config = self.policy.spec.circuit_breaker.device
+            self._breakers[key] = DeviceBreaker(f"{stage}@{device_id}", config)
+        return self._breakers[key]
+
+    def breakers(self) -> Mapping[tuple[str, int], DeviceBreaker]:
+        """Every breaker created so far."""
+        return self._breakers
+
+    def _refresh_breakers(self, stage: str, now: float) -> np.ndarray:
+        blocked = self._breaker_blocked[stage]
+        for index in list(self._not_closed[stage]):
+            breaker = self._breakers[(stage, index)]
+            blocked[index] = not breaker.allows(now)
+            if breaker.state is BreakerState.CLOSED:
+                self._not_closed[stage].discard(index)
+        return blocked
+
+    # --- placement ---------------------------------------------------------------------------
+
+    def _transfer(self, task: StageTask, tables: _Tables) -> np.ndarray:
+        fleet = self.fleet
+        if not task.inputs:
+            size = tables.costs.hint.input_bytes * task.items
+            return size * fleet.ingress_inverse_bandwidth
+        total = np.zeros(len(self.devices))
+        for handle in task.inputs:
+            src = fleet.index.get(handle.device_id)
+            if src is None:
+                # The device that holds the output is gone (unhealthy, removed): the engine
+                # keeps outputs as host arrays, so it costs a host-to-device copy.
+                total += handle.size_bytes * fleet.ingress_inverse_bandwidth
+            else:
+                total += fleet.route_latency[src] + handle.size_bytes * fleet.route_inverse_bandwidth[src]
+        return total
+
+    def _choose(self, task: StageTask, tables: _Tables, mask: np.ndarray) -> tuple[int, dict[str, float]] | None:
+        if not mask.any():
+            return None
+        costs = tables.costs
+        if self.placement == "round_robin":
+            candidates = np.flatnonzero(mask)
+            after = candidates[candidates > self._round_robin[task.stage]]
+            index = int(after[0] if after.size else candidates[0])
+            self._round_robin[task.stage] = index
+        elif self.placement == "least_connections":
+            loads = np.where(mask, self.in_flight, np.iinfo(np.int64).max)
+            index = int(np.argmin(loads))
+        else:
+            index = -1
+        slot = np.minimum(tables.pending, costs.hint.max_batch - 1)
+        compute = costs.marginal_s[np.arange(len(self.devices)), slot] * tables.correction * task.items
+        load = np.where(tables.resident, 0.0, costs.load_s)
+        transfer = self._transfer(task, tables)
+        if index < 0:
+            w = self.weights
+            total = w.queue * self.backlog + w.load * load + w.compute * compute + w.transfer * transfer
+            index = int(np.argmin(np.where(mask, total, np.inf)))
+        terms = {
+            "queue": float(self.backlog[index]),
+            "load": float(load[index]),
+            "compute": float(compute[index]),
+            "transfer": float(transfer[index]),
+        }
+        return index, terms
+
+    def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
+        key = f"{task.stage}/{task.variant}"
+        tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
+        costs = tables.costs
+        blocked = self._refresh_breakers(task.stage, now)
+        mask = costs.runnable & self.healthy & ~blocked
+        for device_id in task.excluded:
+            index = self.fleet.index.get(device_id)
+            if index is not None:
+                mask[index] = False
+        if not mask.any():
+            reasons = self._why_not(task, costs, blocked)
+            return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
+        while True:
+            chosen = self._choose(task, tables, mask)
+            if chosen is None:
+                return None  # every candidate is full of busy models: wait for a completion
+            index, terms = chosen
+            manager = self.memory[index]
+            plan = manager.plan(costs.key, costs.hint.resident_bytes, now)
+            if plan is not None:
+                break
+            mask[index] = False
+        for victim in plan.evict:
+            self.tables[victim].resident[index] = False
+        manager.apply(plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s)
+        manager.begin(costs.key, now)
+        tables.resident[index] = True
+        breaker = self._breakers.get((task.stage, index))
+        if breaker is not None:
+            breaker.admit_probe()
+        estimate = terms["load"] + terms["compute"] + terms["transfer"]
+        tables.pending[index] += 1
+        self.in_flight[index] += 1
+        self.backlog[index] += estimate
+        decision = PlacementDecision(
+            task_id=task.id,
+            stage=task.stage,
+            variant=costs.variant,
+            device_id=self.devices[index].id,
+            policy=self.placement,
+            estimate_s=terms["queue"] + estimate,
+            queue_s=terms["queue"],
+            load_s=terms["load"],
+            compute_s=terms["compute"],
+            transfer_s=terms["transfer"],
+            candidates=int(mask.sum()),
+        )
+        self.decisions.append(decision)
+        self.stats.counts["dispatches"] += 1
+        if plan.load:
+            self.stats.counts["loads"] += 1
+        self.stats.counts["evictions"] += len(plan.evict)
+        task.attempts += 1
+        return Dispatch(task, self.devices[index].id, costs.key, plan, decision, estimate)
+
+    def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
+        reasons = {}
+        for index, device in enumerate(self.devices):
+            if costs.why_not[index]:
+                reasons[device.id] = costs.why_not[index]
+            elif not self.healthy[index]:
+                reasons[device.id] = "unhealthy"
+            elif blocked[index]:
+                reasons[device.id] = "circuit breaker open"
+            elif device.id in task.excluded:
+                reasons[device.id] = "already failed this request"
+        return reasons
+
+    def dispatch(self) -> Dispatch | Rejection | None:
+        """Place the highest-priority task across all stages; None when nothing can go now."""
+        now = self.clock.now()
+        while True:
+            best: StageQueue | None = None
+            best_key = -np.inf
+            for name, queue in self.queues.items():
+                if name in self._blocked_stages:
+                    continue
+                head_key = queue.peek_key()
+                if head_key is not None and head_key > best_key:
+                    best, best_key = queue, head_key
+            if best is None:
+                return None
+            task = best.pop()
+            assert task is not None
+            outcome = self._place(task, now)
+            if outcome is not None:
+                return outcome
+            best.push(task)  # same key: it keeps its place
+            self._blocked_stages.add(best.stage)
+
+    # --- completion --------------------------------------------------------------------------
+
+    def completed(
+        self, dispatch: Dispatch, *, ok: bool, run_s: float, batch_size: int = 1
+    ) -> None:
+        """Report a dispatched task done (``run_s``: its batch's run time)."""
+        now = self.clock.now()
+        index = self.fleet.index[dispatch.device_id]
+        tables = self.tables[dispatch.model_key]
+        tables.pending[index] = max(0, tables.pending[index] - 1)
+        self.in_flight[index] = max(0, self.in_flight[index] - 1)
+        self.backlog[index] = max(0.0, self.backlog[index] - dispatch.estimate_s)
+        self.memory[index].end(dispatch.model_key, now)
+        if ok and run_s > 0:
+            device = self.devices[index]
+            hint = tables.costs.hint
+            modelled = hint.batch_seconds(
+                device.peak_flops_for(hint.dtype), device.memory_bandwidth_bytes_per_s, batch_size
+            )
+            if modelled > 0:
+                ratio = run_s / modelled
+                correction = tables.correction
+                correction[index] += self.smoothing * (ratio - correction[index])
+        breaker = self.breaker(dispatch.task.stage, dispatch.device_id)
+        before = breaker.state
+        breaker.record(ok, run_s, now)
+        if breaker.state is not BreakerState.CLOSED:
+            self._not_closed[dispatch.task.stage].add(index)
+        if breaker.state is not before:
+            self.stats.counts[f"breaker_{breaker.state.value}"] += 1
+        self._blocked_stages.clear()
+
+    def unloaded(self, device_id: str, model_key: str) -> None:
+        """The engine dropped a model on its own (a failed load): forget its residency."""
+        index = self.fleet.index[device_id]
+        self.memory[index].resident.pop(model_key, None)
+        self.tables[model_key].resident[index] = False

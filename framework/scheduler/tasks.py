@@ -1,0 +1,59 @@
+"""What flows through the scheduler: one stage of one request, and where outputs live."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OutputHandle", "StageTask"]
+
+_task_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputHandle:
+    """A stage's output, and the device it was left on (so placement sees the transfer)."""
+
+    device_id: str
+    value: Any
+    size_bytes: int
+
+
+@dataclass(slots=True)
+class StageTask:
+    """One pipeline step of one request, waiting to be placed.
+
+    Attributes:
+        request_id: The request it belongs to.
+        stage: Stage name.
+        step: Step name in the pipeline.
+        variant: ``full`` or ``light`` (chosen by the complexity breaker).
+        qos_class: QoS class name.
+        arrival: When the request arrived (aging counts from here).
+        deadline: Arrival plus the SLA tier's deadline.
+        inputs: Output handles of the steps it waits for (or the payload's, for a source step).
+        items: Items in this task (a batch dimension), for cost estimates.
+        excluded: Devices that already failed it; placement avoids them.
+        attempts: Placements tried so far.
+    """
+
+    request_id: str
+    stage: str
+    step: str
+    variant: str
+    qos_class: str
+    arrival: float
+    deadline: float
+    inputs: tuple[OutputHandle, ...] = ()
+    items: int = 1
+    excluded: frozenset[str] = frozenset()
+    attempts: int = 0
+    cancelled: bool = False
+    payload: Any = None
+    id: int = field(default_factory=lambda: next(_task_ids))
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes the task needs moved to wherever it runs."""
+        return sum(handle.size_bytes for handle in self.inputs)

@@ -1,0 +1,258 @@
+"""The scheduler on simulated devices and a virtual clock: deterministic placement, memory,
+breakers, rejections and the alternative placement policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero.framework.errors import NoEligibleDeviceError
+from hetero.framework.fleet import simulated_devices
+from hetero.framework.policy import Policy, load_policy_text
+from hetero.framework.scheduler import (
+    BreakerState,
+    Dispatch,
+    MemoryManager,
+    OutputHandle,
+    Rejection,
+    Scheduler,
+    StageTask,
+    VirtualClock,
+)
+from hetero.framework.topology import Topology
+
+POLICY = """\
+version: 1
+devices:
+  simulated:
+    - {name: a, preset: A100-SXM4-80GB, count: 2, host: left}
+    - {name: b, preset: A100-SXM4-80GB, count: 2, host: right}
+    - {name: cpu, preset: Xeon-8480+, count: 1, host: left}
+stages:
+  vision:
+    modality: image
+    device_classes: [cuda]
+    variants:
+      full: {flops_per_item: 400 GFLOPS, bytes_per_item: 1 GB, resident_bytes: 2 GB,
+             input_bytes: 600000, output_bytes: 1 MB, max_batch: 8, dtype: fp16}
+      light: {flops_per_item: 100 GFLOPS, bytes_per_item: 0.5 GB, resident_bytes: 2 GB,
+              max_batch: 8, dtype: fp16}
+  llm:
+    modality: text
+    device_classes: [cuda]
+    variants:
+      full: {flops_per_item: 10 TFLOPS, bytes_per_item: 100 GB, resident_bytes: 16 GB,
+             input_bytes: 1 MB, max_batch: 16, dtype: fp16}
+  big:
+    modality: text
+    device_classes: [cuda]
+    min_residency_s: 0
+    variants:
+      full: {flops_per_item: 1 TFLOPS, bytes_per_item: 40 GB, resident_bytes: 40 GB, dtype: fp16}
+  cpu_only:
+    modality: text
+    device_classes: [cpu]
+    variants:
+      full: {flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB, resident_bytes: 1 MB}
+pipelines:
+  ask: {steps: [{stage: vision}, {stage: llm}]}
+routes: {/ask: ask}
+scheduler: {memory_reserve_fraction: 0.0, min_residency_s: 30}
+circuit_breaker:
+  device: {window: 4, min_calls: 4, error_rate: 0.5, open_s: 10, half_open_probes: 1}
+qos:
+  default_class: standard
+  classes:
+    interactive: {weight: 8, sla_tier: t}
+    standard: {weight: 4, sla_tier: t}
+sla_tiers: {t: {deadline_ms: 1000}}
+"""
+
+
+def make(placement: str | None = None, policy_text: str = POLICY) -> tuple[Scheduler, VirtualClock]:
+    policy: Policy = load_policy_text(policy_text, "scheduler.yaml")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    clock = VirtualClock()
+    return Scheduler(policy, devices, Topology(devices), clock, placement=placement), clock
+
+
+def task(
+    stage: str,
+    *,
+    qos: str = "standard",
+    inputs: tuple[OutputHandle, ...] = (),
+    variant: str = "full",
+) -> StageTask:
+    return StageTask("r", stage, stage, variant, qos, arrival=0.0, deadline=1.0, inputs=inputs)
+
+
+def place(scheduler: Scheduler, item: StageTask) -> Dispatch:
+    scheduler.enqueue(item)
+    outcome = scheduler.dispatch()
+    assert isinstance(outcome, Dispatch), outcome
+    return outcome
+
+
+def test_decision_keeps_its_cost_terms() -> None:
+    scheduler, _ = make()
+    dispatch = place(scheduler, task("vision"))
+    decision = dispatch.decision
+    assert decision.device_id.startswith("sim:a-") or decision.device_id.startswith("sim:b-")
+    assert decision.load_s > 0 and decision.compute_s > 0 and decision.queue_s == 0
+    assert decision.estimate_s == pytest.approx(
+        decision.load_s + decision.compute_s + decision.transfer_s
+    )
+    assert decision.candidates == 4  # the CPU is not allowed
+    assert scheduler.decisions[-1] is decision
+    assert dispatch.load.load and scheduler.stats.counts["loads"] == 1
+
+
+def test_a_resident_model_wins_over_loading_it_elsewhere() -> None:
+    scheduler, _ = make()
+    first = place(scheduler, task("vision"))
+    scheduler.completed(first, ok=True, run_s=0.005)
+    second = place(scheduler, task("vision"))
+    assert second.device_id == first.device_id
+    assert not second.load.load
+
+
+def test_the_next_stage_stays_on_the_nvlink_island_of_its_input() -> None:
+    scheduler, _ = make()
+    # Make llm resident on one device per host, so load time does not decide.
+    for device in ("sim:a-0", "sim:b-0"):
+        index = scheduler.fleet.index[device]
+        scheduler.tables["llm/full"].resident[index] = True
+        scheduler.memory[index].apply(
+            scheduler.memory[index].plan("llm/full", 16 * 10**9, 0.0),
+            16 * 10**9,
+            1.0,
+            0.0,
+            0.0,  # type: ignore[arg-type]
+        )
+    handle = OutputHandle("sim:b-1", value=None, size_bytes=200 * 10**6)
+    dispatch = place(scheduler, task("llm", inputs=(handle,)))
+    assert dispatch.device_id == "sim:b-0"  # NVLink from b-1, not the network to a-0
+    assert dispatch.decision.transfer_s < 0.01
+
+
+def test_priority_class_is_dispatched_first_across_stages() -> None:
+    scheduler, _ = make()
+    scheduler.enqueue(task("vision", qos="standard"))
+    scheduler.enqueue(task("llm", qos="interactive"))
+    first = scheduler.dispatch()
+    assert isinstance(first, Dispatch) and first.task.stage == "llm"
+
+
+def test_memory_manager_evicts_one_large_idle_model_before_small_hot_ones() -> None:
+    manager = MemoryManager("d", capacity=100)
+    for key, size in (("large", 60), ("s1", 10), ("s2", 10), ("s3", 10)):
+        manager.apply(manager.plan(key, size, 0.0), size, 1.0, 0.0, 0.0)  # type: ignore[arg-type]
+    for key in ("s1", "s2", "s3"):
+        manager.begin(key, 50.0)
+        manager.end(key, 50.0)  # the small ones are hot
+    plan = manager.plan("new", 50, 60.0)
+    assert plan is not None and plan.evict == ("large",)
+    manager.begin("large", 60.0)  # work in flight: never evicted
+    assert manager.plan("new", 50, 61.0) is None
+    young = MemoryManager("d", capacity=10)
+    young.apply(young.plan("m", 10, 0.0), 10, 1.0, 0.0, 30.0)  # type: ignore[arg-type]
+    assert young.plan("other", 5, 10.0) is None  # younger than its minimum residency
+    assert young.plan("other", 5, 31.0) is not None
+
+
+def test_no_room_anywhere_waits_then_goes_when_a_model_finishes() -> None:
+    text = POLICY.replace("resident_bytes: 16 GB", "resident_bytes: 45 GB")
+    scheduler, clock = make(policy_text=text)
+    held = [place(scheduler, task("big")) for _ in range(8)]  # 40 GB in flight on every GPU
+    assert {d.device_id for d in held} == {"sim:a-0", "sim:a-1", "sim:b-0", "sim:b-1"}
+    scheduler.enqueue(task("llm"))
+    assert scheduler.dispatch() is None  # 45 GB fits nowhere beside a busy 40 GB model: wait
+    clock.advance(1.0)
+    freed = held[0].device_id
+    for dispatch in held:
+        if dispatch.device_id == freed:
+            scheduler.completed(dispatch, ok=True, run_s=0.01)
+    outcome = scheduler.dispatch()
+    assert isinstance(outcome, Dispatch) and outcome.device_id == freed
+    assert outcome.load.evict == ("big/full",)
+    assert scheduler.stats.counts["evictions"] == 1
+
+
+def test_a_stage_with_no_eligible_device_is_rejected_with_reasons() -> None:
+    text = POLICY.replace(
+        "preset: Xeon-8480+, count: 1", "preset: Xeon-8480+, count: 1, memory: 1 KB"
+    )
+    scheduler, _ = make(policy_text=text)
+    scheduler.enqueue(task("cpu_only"))
+    outcome = scheduler.dispatch()
+    assert isinstance(outcome, Rejection)
+    assert isinstance(outcome.error, NoEligibleDeviceError)
+    assert "sim:a-0: class cuda not allowed" in str(outcome.error)
+    assert "sim:cpu-0: model larger" in str(outcome.error)
+
+
+def test_failures_open_the_breaker_then_half_open_probes_close_it() -> None:
+    scheduler, clock = make()
+    others = ("sim:a-1", "sim:b-0", "sim:b-1")
+    for device in others:
+        scheduler.set_health(device, False)
+    for _ in range(4):  # four failures in a window of four: open
+        dispatch = place(scheduler, task("vision"))
+        assert dispatch.device_id == "sim:a-0"
+        scheduler.completed(dispatch, ok=False, run_s=0.01)
+    breaker = scheduler.breaker("vision", "sim:a-0")
+    assert breaker.state is BreakerState.OPEN
+    assert scheduler.stats.counts["breaker_open"] == 1
+    scheduler.enqueue(task("vision"))
+    outcome = scheduler.dispatch()
+    assert isinstance(outcome, Rejection)  # the only healthy device has its breaker open
+    assert "circuit breaker open" in str(outcome.error)
+    for device in others:
+        scheduler.set_health(device, True)
+    assert place(scheduler, task("vision")).device_id != "sim:a-0"
+    clock.advance(10.0)
+    for device in others:
+        scheduler.set_health(device, False)
+    probe = place(scheduler, task("vision"))  # half-open: one probe goes through
+    assert probe.device_id == "sim:a-0" and breaker.state is BreakerState.HALF_OPEN
+    scheduler.enqueue(task("vision"))
+    assert isinstance(scheduler.dispatch(), Rejection)  # no second probe while one is out
+    scheduler.completed(probe, ok=True, run_s=0.01)
+    assert breaker.state is BreakerState.CLOSED
+    assert place(scheduler, task("vision")).device_id == "sim:a-0"
+
+
+def test_retry_excludes_the_failed_device_and_unhealthy_devices_are_skipped() -> None:
+    scheduler, _ = make()
+    first = place(scheduler, task("vision"))
+    scheduler.completed(first, ok=False, run_s=0.0)
+    retry = task("vision")
+    retry.excluded = frozenset({first.device_id})
+    assert place(scheduler, retry).device_id != first.device_id
+    scheduler.set_health("sim:a-0", False)
+    scheduler.set_health("sim:a-1", False)
+    for _ in range(4):
+        assert place(scheduler, task("vision")).device_id.startswith("sim:b-")
+
+
+@pytest.mark.parametrize("placement", ["round_robin", "least_connections"])
+def test_alternative_placements_spread_work(placement: str) -> None:
+    scheduler, _ = make(placement)
+    chosen = [place(scheduler, task("vision")).device_id for _ in range(4)]
+    assert sorted(chosen) == ["sim:a-0", "sim:a-1", "sim:b-0", "sim:b-1"]
+    assert scheduler.decisions[-1].policy == placement
+
+
+def test_unknown_placement_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown placement"):
+        make("random")
+
+
+def test_measured_runs_correct_the_estimate() -> None:
+    scheduler, _ = make()
+    first = place(scheduler, task("vision"))
+    modelled = first.decision.compute_s
+    scheduler.completed(first, ok=True, run_s=modelled * 3)
+    second = place(scheduler, task("vision"))
+    assert second.device_id == first.device_id
+    index = scheduler.fleet.index[first.device_id]
+    assert scheduler.tables["vision/full"].correction[index] == pytest.approx(1 + 0.2 * 2)
