@@ -39,7 +39,8 @@ MYPY_MODULES := $(shell find framework backends cache sandbox policies -name '*.
 	| sed -e 's/\.py$$//' -e 's/\/__init__$$//' -e 's/\//./g' -e 's/^/-m hetero./')
 
 typecheck: venv
-	MYPYPATH=tests/plugins/dummy_backend $(BIN)/mypy $(MYPY_MODULES) -m hetero_dummy_backend
+	@echo "mypy --strict: hetero.* and hetero_dummy_backend"
+	@MYPYPATH=tests/plugins/dummy_backend $(BIN)/mypy $(MYPY_MODULES) -m hetero_dummy_backend
 
 # Everything, with the conformance suite against the real npu backend; then the suite alone
 # against the sim backend and the dummy out-of-tree plugin.

@@ -36,7 +36,7 @@ from hetero.framework.errors import (
     UnknownDeviceError,
     UnsupportedCapabilityError,
 )
-from hetero.framework.graph import ComputeGraph
+from hetero.framework.graph import ComputeGraph, GraphFormat
 
 __all__ = ["Backend", "Executable", "LatencyStats", "LoadedModel", "RunResult", "batch_size"]
 
@@ -121,6 +121,8 @@ class Backend(abc.ABC):
     supports_peer_copy: ClassVar[bool] = False
     produces_outputs: ClassVar[bool] = True
     """False for a modelling backend (``sim``): runs return no outputs and a modelled latency."""
+    graph_formats: ClassVar[frozenset[GraphFormat]] = frozenset({GraphFormat.ONNX})
+    """Graph formats :meth:`compile` accepts; the scheduler places a stage only where it runs."""
 
     def __init__(self) -> None:
         self._devices: tuple[DeviceSpec, ...] | None = None

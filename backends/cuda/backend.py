@@ -33,6 +33,9 @@ class CudaBackend(Backend):
     supports_graph_capture: ClassVar[bool] = True
     supports_peer_copy: ClassVar[bool] = True
     ort_provider: ClassVar[str] = "CUDAExecutionProvider"
+    graph_formats: ClassVar[frozenset[GraphFormat]] = frozenset(
+        {GraphFormat.TORCH, GraphFormat.ONNX}
+    )
 
     def __init__(self, nvml: Any = None) -> None:
         super().__init__()

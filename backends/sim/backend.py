@@ -36,6 +36,7 @@ class SimBackend(Backend):
     name: ClassVar[str] = "sim"
     supports_peer_copy: ClassVar[bool] = True
     produces_outputs: ClassVar[bool] = False
+    graph_formats: ClassVar[frozenset[GraphFormat]] = frozenset(GraphFormat)
 
     def __init__(self, devices: Sequence[DeviceSpec]) -> None:
         super().__init__()

@@ -94,7 +94,9 @@ class ComplexityBreaker:
             return None
         return self._sorted[min(len(self._sorted) - 1, int(0.95 * len(self._sorted)))]
 
-    def decide(self, profile: RequestProfile, queue_delay_s: float, deadline_s: float) -> AdmissionDecision:
+    def decide(
+        self, profile: RequestProfile, queue_delay_s: float, deadline_s: float
+    ) -> AdmissionDecision:
         """Admit, degrade or shed; the request's profile joins the window either way."""
         score = profile.score(self.config)
         p95 = self.p95()

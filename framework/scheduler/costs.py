@@ -48,7 +48,9 @@ class StageCosts:
 class FleetCosts:
     """Devices, their host links and pairwise routes, and every stage's tables."""
 
-    def __init__(self, devices: Sequence[DeviceSpec], topology: Topology, capacity: Sequence[int]) -> None:
+    def __init__(
+        self, devices: Sequence[DeviceSpec], topology: Topology, capacity: Sequence[int]
+    ) -> None:
         self.devices = tuple(devices)
         self.index = {device.id: i for i, device in enumerate(self.devices)}
         self.capacity = np.asarray(capacity, dtype=np.int64)

@@ -85,7 +85,9 @@ class MemoryManager:
 
     def can_host(self, key: str, size: int, now: float) -> bool:
         """Whether ``key`` is resident or could be made so by evicting idle models."""
-        return key in self.resident or (size <= self.capacity and self._victims(size, now) is not None)
+        return key in self.resident or (
+            size <= self.capacity and self._victims(size, now) is not None
+        )
 
     def plan(self, key: str, size: int, now: float) -> LoadPlan | None:
         """What making ``key`` resident takes, or None if no room can be made."""

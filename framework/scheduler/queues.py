@@ -41,7 +41,9 @@ class QueueClass:
 class StageQueue:
     """The queue of one stage."""
 
-    def __init__(self, stage: str, classes: Mapping[str, QueueClass], aging_per_second: float) -> None:
+    def __init__(
+        self, stage: str, classes: Mapping[str, QueueClass], aging_per_second: float
+    ) -> None:
         self.stage = stage
         self._classes = dict(classes)
         self._aging = aging_per_second

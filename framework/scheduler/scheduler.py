@@ -109,7 +109,9 @@ class Scheduler:
         self.clock = clock
         self.placement = placement or spec.scheduler.placement
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {self.placement!r} (known: {', '.join(PLACEMENTS)})")
+            raise ValueError(
+                f"unknown placement {self.placement!r} (known: {', '.join(PLACEMENTS)})"
+            )
         self.devices = tuple(devices)
         reserve = spec.scheduler.memory_reserve_fraction
         capacity = [int(d.memory_bytes * (1 - reserve)) for d in self.devices]
@@ -217,10 +219,15 @@ class Scheduler:
                 # keeps outputs as host arrays, so it costs a host-to-device copy.
                 total += handle.size_bytes * fleet.ingress_inverse_bandwidth
             else:
-                total += fleet.route_latency[src] + handle.size_bytes * fleet.route_inverse_bandwidth[src]
+                total += (
+                    fleet.route_latency[src]
+                    + handle.size_bytes * fleet.route_inverse_bandwidth[src]
+                )
         return total
 
-    def _choose(self, task: StageTask, tables: _Tables, mask: np.ndarray) -> tuple[int, dict[str, float]] | None:
+    def _choose(
+        self, task: StageTask, tables: _Tables, mask: np.ndarray
+    ) -> tuple[int, dict[str, float]] | None:
         if not mask.any():
             return None
         costs = tables.costs
@@ -235,12 +242,16 @@ class Scheduler:
         else:
             index = -1
         slot = np.minimum(tables.pending, costs.hint.max_batch - 1)
-        compute = costs.marginal_s[np.arange(len(self.devices)), slot] * tables.correction * task.items
+        compute = (
+            costs.marginal_s[np.arange(len(self.devices)), slot] * tables.correction * task.items
+        )
         load = np.where(tables.resident, 0.0, costs.load_s)
         transfer = self._transfer(task, tables)
         if index < 0:
             w = self.weights
-            total = w.queue * self.backlog + w.load * load + w.compute * compute + w.transfer * transfer
+            total = (
+                w.queue * self.backlog + w.load * load + w.compute * compute + w.transfer * transfer
+            )
             index = int(np.argmin(np.where(mask, total, np.inf)))
         terms = {
             "queue": float(self.backlog[index]),
@@ -275,7 +286,9 @@ class Scheduler:
             mask[index] = False
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
-        manager.apply(plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s)
+        manager.apply(
+            plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+        )
         manager.begin(costs.key, now)
         tables.resident[index] = True
         breaker = self._breakers.get((task.stage, index))
@@ -316,7 +329,10 @@ class Scheduler:
             elif blocked[index]:
                 reasons[device.id] = "circuit breaker open"
             elif device.id in task.excluded:
-                reasons[device.id] = "already failed this request"
+                failure = task.failures.get(device.id, "")
+                reasons[device.id] = (
+                    f"failed this request ({failure})" if failure else "failed this request"
+                )
         return reasons
 
     def dispatch(self) -> Dispatch | Rejection | None:
@@ -343,9 +359,7 @@ class Scheduler:
 
     # --- completion --------------------------------------------------------------------------
 
-    def completed(
-        self, dispatch: Dispatch, *, ok: bool, run_s: float, batch_size: int = 1
-    ) -> None:
+    def completed(self, dispatch: Dispatch, *, ok: bool, run_s: float, batch_size: int = 1) -> None:
         """Report a dispatched task done (``run_s``: its batch's run time)."""
         now = self.clock.now()
         index = self.fleet.index[dispatch.device_id]

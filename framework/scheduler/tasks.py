@@ -35,6 +35,7 @@ class StageTask:
         inputs: Output handles of the steps it waits for (or the payload's, for a source step).
         items: Items in this task (a batch dimension), for cost estimates.
         excluded: Devices that already failed it; placement avoids them.
+        failures: What each of those devices raised, for the final error.
         attempts: Placements tried so far.
     """
 
@@ -51,6 +52,8 @@ class StageTask:
     attempts: int = 0
     cancelled: bool = False
     payload: Any = None
+    enqueued_at: float = 0.0
+    failures: dict[str, str] = field(default_factory=dict)
     id: int = field(default_factory=lambda: next(_task_ids))
 
     @property

@@ -11,7 +11,9 @@ CONFIG = ComplexityConfig(window=100, min_samples=10, degrade_above_p95=2.0, she
 def warmed() -> ComplexityBreaker:
     breaker = ComplexityBreaker(CONFIG)
     for tokens in range(100, 1100, 100):  # profiles 0.1 .. 1.0; p95 = 1.0
-        assert breaker.decide(RequestProfile(text_tokens=tokens), 0.0, 1.0).action is Admission.ADMIT
+        assert (
+            breaker.decide(RequestProfile(text_tokens=tokens), 0.0, 1.0).action is Admission.ADMIT
+        )
     return breaker
 
 

@@ -4,6 +4,7 @@ random arrival mixes at twice the service capacity (hypothesis)."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,10 +65,8 @@ def serve(
             continue
         arrival, qos = pending[index]
         index += 1
-        try:
+        with contextlib.suppress(QueueFullError):
             queue.push(task(qos, arrival))
-        except QueueFullError:
-            pass
     return times, waits
 
 

@@ -1,0 +1,453 @@
+"""The engine: runs pipelines for real on the available backends.
+
+It strings the parts together and nothing else: admission (the complexity breaker), the
+scheduler (queues, placement, memory, failure breakers), one :class:`DeviceWorker` per device,
+and futures for callers. A device that raises, or runs out of memory, gets its breaker
+informed and the task retried on another device; a request fails only when no device is left
+to try, and then with an error that says why. No request is lost silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import Any
+
+import numpy as np
+
+from hetero.framework.backend import Backend
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.engine.metrics import EngineMetrics
+from hetero.framework.engine.requests import EngineResult, RequestState
+from hetero.framework.engine.worker import BatchOutcome, DeviceWorker
+from hetero.framework.errors import (
+    HeteroError,
+    RequestTimeoutError,
+    ShedError,
+    UnknownRouteError,
+)
+from hetero.framework.fleet import Fleet, resolve_fleet
+from hetero.framework.graph import ComputeGraph
+from hetero.framework.policy import Policy
+from hetero.framework.registry import Registry
+from hetero.framework.scheduler import (
+    Admission,
+    BreakerState,
+    ComplexityBreaker,
+    Dispatch,
+    OutputHandle,
+    Rejection,
+    RequestProfile,
+    Scheduler,
+    StageTask,
+    WallClock,
+)
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+DISPATCH_POLL_S = 0.05
+_request_ids = itertools.count(1)
+
+
+class Engine:
+    """Pipelines on real devices. Use as a context manager, or call :meth:`start` / :meth:`close`.
+
+    Args:
+        policy: The policy snapshot.
+        registry: Where backends come from.
+        graphs: The graph of each stage variant, keyed ``stage/variant`` (a missing ``light``
+            falls back to ``full``). A step receives its dependencies' outputs merged (or the
+            request payload, for a first step), filtered to the graph's ``input_names`` if set.
+        fleet: Devices to use (default: the policy's fleet on this host).
+        placement: Override the policy's placement policy.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        registry: Registry,
+        graphs: Mapping[str, ComputeGraph],
+        *,
+        fleet: Fleet | None = None,
+        placement: str | None = None,
+    ) -> None:
+        self.policy = policy
+        self.graphs = dict(graphs)
+        self.fleet = fleet or resolve_fleet(policy, registry)
+        self.clock = WallClock()
+        self.metrics = EngineMetrics()
+        self.backends: dict[str, Backend] = {}
+        for device in self.fleet.devices:
+            if device.backend not in self.backends:
+                self.backends[device.backend] = registry.backend(device.backend)
+        devices = self.fleet.devices
+        self.scheduler = Scheduler(
+            policy,
+            devices,
+            self.fleet.topology(),
+            self.clock,
+            placement=placement,
+            can_run=self._can_run,
+        )
+        self.admission = ComplexityBreaker(policy.spec.circuit_breaker.complexity)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._requests: dict[str, RequestState] = {}
+        self._device_by_id = {d.id: d for d in devices}
+        self.workers = {
+            d.id: DeviceWorker(
+                d,
+                self.backends[d.backend],
+                self._graph,
+                self._inputs,
+                self._batching,
+                self._on_batch,
+            )
+            for d in devices
+        }
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name="hetero-dispatch", daemon=True
+        )
+        self._started = False
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def _graph(self, model_key: str) -> ComputeGraph:
+        if model_key in self.graphs:
+            return self.graphs[model_key]
+        return self.graphs[model_key.split("/", 1)[0] + "/full"]
+
+    def _can_run(self, stage: str, variant: str, device_id: str) -> bool:
+        key = f"{stage}/{variant}"
+        graph = self.graphs.get(key) or self.graphs.get(f"{stage}/full")
+        if graph is None:
+            return False
+        backend = self.backends[self._device(device_id).backend]
+        return graph.format in backend.graph_formats
+
+    def _device(self, device_id: str) -> DeviceSpec:
+        for device in self.fleet.devices:
+            if device.id == device_id:
+                return device
+        raise KeyError(device_id)
+
+    def _batching(self, model_key: str) -> tuple[int, float]:
+        stage_name, variant_name = model_key.split("/", 1)
+        variants = self.policy.spec.stages[stage_name].variants
+        variant = variants["light"] if variant_name == "light" else variants["full"]
+        delay_ms = variant.max_delay_ms or self.policy.spec.scheduler.batching.max_delay_ms
+        return (variant.max_batch if variant.batchable else 1), delay_ms / 1000.0
+
+    def start(self) -> Engine:
+        """Start the dispatcher and one worker per device."""
+        if not self._started:
+            for worker in self.workers.values():
+                worker.start()
+            self._dispatcher.start()
+            self._started = True
+        return self
+
+    def close(self) -> None:
+        """Stop accepting work, fail what is still queued, stop the workers, unload models."""
+        self._stopping = True
+        self._wake.set()
+        if self._started:
+            self._dispatcher.join()
+            for worker in self.workers.values():
+                worker.stop()
+        with self._lock:
+            pending = list(self._requests.values())
+            self._requests.clear()
+        for state in pending:
+            if not state.future.done():
+                state.future.set_exception(ShedError("engine is shutting down", status=503))
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        route: str,
+        payload: Mapping[str, Any],
+        *,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+    ) -> Future[EngineResult]:
+        """Start a request; its future holds the sink steps' outputs.
+
+        Raises:
+            UnknownRouteError: the policy has no such route.
+            ShedError: admission refused it (``status`` 429, ``retry_after_s``).
+            KeyError: unknown QoS class.
+        """
+        spec = self.policy.spec
+        if route not in spec.routes:
+            raise UnknownRouteError(route, tuple(sorted(spec.routes)))
+        qos = qos_class or spec.qos.default_class
+        if qos not in spec.qos.classes:
+            raise KeyError(
+                f"unknown QoS class {qos!r} (classes: {', '.join(sorted(spec.qos.classes))})"
+            )
+        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        variant = "full"
+        with self._lock:
+            decision = self.admission.decide(
+                profile or RequestProfile(), self.scheduler.queue_delay_s(), deadline_s
+            )
+        if decision.action is Admission.SHED:
+            self.metrics.sheds.labels("complexity").inc()
+            self.metrics.requests.labels(route, "shed").inc()
+            raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
+        if decision.action is Admission.DEGRADE:
+            variant = "light"
+            self.metrics.degraded.inc()
+        now = self.clock.now()
+        future: Future[EngineResult] = Future()
+        state = RequestState(
+            request_id=f"req-{next(_request_ids)}",
+            route=route,
+            pipeline=self.policy.pipeline_for_route(route),
+            payload={name: np.asarray(value) for name, value in payload.items()},
+            qos_class=qos,
+            variant=variant,
+            arrival=now,
+            deadline=now + deadline_s,
+            future=future,
+        )
+        with self._lock:
+            self._requests[state.request_id] = state
+            try:
+                self._enqueue_ready(state)
+            except ShedError:
+                del self._requests[state.request_id]
+                self.metrics.sheds.labels("queue_full").inc()
+                self.metrics.requests.labels(route, "shed").inc()
+                raise
+        self._wake.set()
+        return future
+
+    def run(
+        self,
+        route: str,
+        payload: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+    ) -> EngineResult:
+        """Submit and wait; on timeout the request's remaining work is cancelled."""
+        future = self.submit(route, payload, qos_class=qos_class, profile=profile)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeoutError:
+            request_id = self._request_of(future)
+            if request_id is not None:
+                self.cancel(request_id)
+            raise RequestTimeoutError(request_id or "?", timeout or 0.0) from None
+
+    def _request_of(self, future: Future[EngineResult]) -> str | None:
+        with self._lock:
+            return next((rid for rid, s in self._requests.items() if s.future is future), None)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request: queued steps are dropped, running ones finish and are ignored."""
+        with self._lock:
+            state = self._requests.pop(request_id, None)
+            if state is None:
+                return False
+            for task in state.live_tasks.values():
+                self.scheduler.cancel(task)
+        state.future.cancel()
+        self.metrics.requests.labels(state.route, "cancelled").inc()
+        return True
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _enqueue_ready(self, state: RequestState) -> None:
+        """Queue every step whose inputs are ready (caller holds the lock)."""
+        now = self.clock.now()
+        for step in state.ready_steps():
+            stage = state.pipeline.steps[step].stage
+            inputs = tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after)
+            task = StageTask(
+                request_id=state.request_id,
+                stage=stage,
+                step=step,
+                variant=state.variant
+                if state.variant in self.policy.spec.stages[stage].variants
+                else "full",
+                qos_class=state.qos_class,
+                arrival=state.arrival,
+                deadline=state.deadline,
+                inputs=inputs,
+                items=_items(state.payload),
+                enqueued_at=now,
+            )
+            self.scheduler.enqueue(task)
+            state.live_tasks[task.id] = task
+
+    def _requeue(self, task: StageTask) -> None:
+        task.enqueued_at = self.clock.now()
+        self.scheduler.enqueue(task)
+
+    def _dispatch_loop(self) -> None:
+        while not self._stopping:
+            self._wake.wait(timeout=DISPATCH_POLL_S)
+            self._wake.clear()
+            outcomes: list[Dispatch | Rejection] = []
+            with self._lock:
+                while (outcome := self.scheduler.dispatch()) is not None:
+                    outcomes.append(outcome)
+            for outcome in outcomes:
+                if isinstance(outcome, Rejection):
+                    self._fail(outcome.task.request_id, outcome.error)
+                    continue
+                if outcome.load.load:
+                    self.metrics.loads.labels(outcome.device_id).inc()
+                if outcome.load.evict:
+                    self.metrics.evictions.labels(outcome.device_id).inc(len(outcome.load.evict))
+                self.workers[outcome.device_id].inbox.put(outcome)
+
+    def _inputs(self, dispatch: Dispatch) -> Arrays:
+        task = dispatch.task
+        with self._lock:
+            state = self._requests.get(task.request_id)
+        if state is None:
+            raise HeteroError(f"request {task.request_id} is gone (cancelled or timed out)")
+        if not task.inputs:
+            arrays = dict(state.payload)
+        else:
+            arrays = {}
+            for handle in task.inputs:
+                arrays.update(handle.value)
+        names = self._graph(dispatch.model_key).input_names
+        return {n: arrays[n] for n in names if n in arrays} if names else arrays
+
+    def _on_batch(self, outcomes: list[BatchOutcome]) -> None:
+        ran = [o for o in outcomes if o.error is None]
+        if ran:
+            first = ran[0]
+            device = self._device_by_id[first.dispatch.device_id]
+            stage = first.dispatch.task.stage
+            if first.batch_size > 1:  # one stacked run
+                self.metrics.batch_size.labels(stage).observe(first.batch_size)
+                busy = first.run_s
+            else:  # items that could not be stacked ran one by one
+                for _ in ran:
+                    self.metrics.batch_size.labels(stage).observe(1)
+                busy = sum(o.run_s for o in ran)
+            self.metrics.stage_latency.labels(stage, device.device_class.value).observe(busy)
+            self.metrics.device_busy.labels(device.id).inc(busy)
+        for outcome in outcomes:
+            self._finish(outcome)
+        self._wake.set()
+
+    def _finish(self, outcome: BatchOutcome) -> None:
+        dispatch = outcome.dispatch
+        task = dispatch.task
+        device = self._device_by_id[dispatch.device_id]
+        ok = outcome.error is None
+        self.metrics.queue_wait.labels(task.stage, task.qos_class).observe(
+            max(0.0, outcome.started_at - task.enqueued_at)
+        )
+        with self._lock:
+            if (
+                not ok
+                and dispatch.load.load
+                and dispatch.model_key not in self.workers[device.id].loaded
+            ):
+                self.scheduler.unloaded(device.id, dispatch.model_key)
+            self.scheduler.completed(
+                dispatch, ok=ok, run_s=outcome.run_s, batch_size=outcome.batch_size
+            )
+            breaker = self.scheduler.breaker(task.stage, device.id)
+            self.metrics.breaker_state.labels(task.stage, device.id).set(
+                0 if breaker.state is BreakerState.CLOSED else 1
+            )
+            state = self._requests.get(task.request_id)
+            if state is None:
+                return  # cancelled or timed out meanwhile
+            state.live_tasks.pop(task.id, None)
+            if ok:
+                assert outcome.outputs is not None
+                size = sum(int(np.asarray(v).nbytes) for v in outcome.outputs.values())
+                state.outputs[task.step] = OutputHandle(device.id, outcome.outputs, size)
+                state.devices[task.step] = device.id
+                error = None if state.done() else self._continue(state)
+            else:
+                error = self._retry(state, task, device.id, outcome.error)
+            finished = error is not None or state.done()
+            if finished:
+                self._requests.pop(task.request_id, None)
+        if not finished:
+            return
+        if error is not None:
+            self.metrics.requests.labels(state.route, "failed").inc()
+            state.future.set_exception(error)
+            return
+        self.metrics.requests.labels(state.route, "ok").inc()
+        state.future.set_result(
+            EngineResult(
+                request_id=state.request_id,
+                outputs={sink: state.outputs[sink].value for sink in state.pipeline.sinks},
+                devices=dict(state.devices),
+                degraded=state.variant == "light",
+                latency_s=self.clock.now() - state.arrival,
+            )
+        )
+
+    def _continue(self, state: RequestState) -> BaseException | None:
+        """Queue the steps a finished one unblocked (lock held); an error if shed."""
+        try:
+            self._enqueue_ready(state)
+        except ShedError as err:
+            return err
+        return None
+
+    def _retry(
+        self, state: RequestState, task: StageTask, device_id: str, error: BaseException | None
+    ) -> BaseException | None:
+        """Send a failed task to another device (lock held); the error if none is left."""
+        problem = f"{type(error).__name__}: {error}"
+        self.metrics.failures.labels(task.stage, device_id).inc()
+        logger.warning("%s: %s failed on %s: %s", task.request_id, task.step, device_id, problem)
+        task.excluded = task.excluded | {device_id}
+        task.failures = {**task.failures, device_id: problem}
+        if len(task.excluded) >= len(self.fleet.devices):
+            return error or HeteroError(problem)
+        self.metrics.retries.labels(task.stage).inc()
+        try:
+            self._requeue(task)
+        except ShedError as err:
+            return err
+        state.live_tasks[task.id] = task
+        return None
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        with self._lock:
+            state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        self.metrics.requests.labels(state.route, "failed").inc()
+        if not state.future.done():
+            state.future.set_exception(error)
+
+
+def _items(payload: Mapping[str, np.ndarray[Any, Any]]) -> int:
+    for value in payload.values():
+        if np.ndim(value):
+            return int(np.shape(value)[0])
+    return 1

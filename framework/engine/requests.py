@@ -1,0 +1,59 @@
+"""The engine's bookkeeping of one request: its pipeline, finished steps and its future."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetero.framework.scheduler.tasks import OutputHandle, StageTask
+from hetero.framework.stages import Pipeline
+
+__all__ = ["EngineResult", "RequestState"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    """A finished request: the outputs of its sink steps, and how it went."""
+
+    request_id: str
+    outputs: dict[str, dict[str, np.ndarray[Any, Any]]]
+    devices: dict[str, str]
+    degraded: bool
+    latency_s: float
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the engine knows of a request in flight."""
+
+    request_id: str
+    route: str
+    pipeline: Pipeline
+    payload: dict[str, np.ndarray[Any, Any]]
+    qos_class: str
+    variant: str
+    arrival: float
+    deadline: float
+    future: Future[EngineResult]
+    outputs: dict[str, OutputHandle] = field(default_factory=dict)
+    devices: dict[str, str] = field(default_factory=dict)
+    live_tasks: dict[int, StageTask] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ready_steps(self) -> list[str]:
+        """Steps not started whose dependencies are all done."""
+        started = set(self.outputs) | {t.step for t in self.live_tasks.values()}
+        return [
+            name
+            for name in self.pipeline.order
+            if name not in started
+            and all(dep in self.outputs for dep in self.pipeline.steps[name].after)
+        ]
+
+    def done(self) -> bool:
+        """Every sink step has its output."""
+        return all(sink in self.outputs for sink in self.pipeline.sinks)
