@@ -1,5 +1,8 @@
 """`make bench`: figures, not pass/fail. Each benchmark prints ratios measured side by side.
 
+Scheduler: decision latency of hetero's scheduler against a naive rescan-and-sort reference at
+100, 1,000 and 10,000 queued tasks (``hetero bench scheduler``).
+
 npu runtimes: the same reference graphs on OpenVINO (f32) and ONNX Runtime (CPU provider),
 interleaved in one run so machine noise hits both; the ratio is OpenVINO's median latency over
 ONNX Runtime's.
@@ -35,5 +38,15 @@ def bench_npu_runtimes() -> None:
             backend.unload(model)
 
 
+def bench_scheduler() -> None:
+    """Scheduling decision latency against the naive reference (``hetero bench scheduler``)."""
+    from rich.console import Console
+
+    from hetero.framework.cli.bench import run_bench_scheduler
+
+    run_bench_scheduler(Console(), as_json=False)
+
+
 if __name__ == "__main__":
     bench_npu_runtimes()
+    bench_scheduler()

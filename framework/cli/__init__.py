@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from hetero.framework import envs
+from hetero.framework.cli.bench import run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.errors import HeteroError, PolicyValidationError
 from hetero.framework.registry import default_registry
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument(
         "--policy", help="show the devices this policy uses (its simulated fleet), with topology"
     )
+    bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
+    bench.add_argument("target", choices=["scheduler"], help="what to measure")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -73,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":
             return run_devices(out, registry, args.json)
+        if args.command == "bench":
+            return run_bench_scheduler(out, args.json)
         return run_plan(out, registry, args.policy, args.json)
     except envs.EnvError as error:
         err.print(f"error: {error}", highlight=False, markup=False)

@@ -87,8 +87,8 @@ class StageQueue:
 
     def peek_key(self) -> float | None:
         """The next task's key, to compare heads across stages."""
-        head = self.peek()
-        return None if head is None else self.key(head)
+        self._drop_cancelled()
+        return -self._heap[0][0] if self._heap else None
 
     def pop(self) -> StageTask | None:
         """Take the task with the highest current priority."""

@@ -74,10 +74,31 @@ class Rejection:
 
 @dataclass(slots=True)
 class _Tables:
+    """Live per-device state of one (stage, variant), kept so a decision is a few vector ops."""
+
     costs: StageCosts
     pending: np.ndarray  # tasks dispatched to each device, not yet finished
     correction: np.ndarray  # measured over modelled, per device
     resident: np.ndarray
+    load_now: np.ndarray  # load time if placed there now: 0 where resident
+    next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
+
+    @classmethod
+    def fresh(cls, costs: StageCosts, count: int) -> _Tables:
+        return cls(
+            costs=costs,
+            pending=np.zeros(count, np.int64),
+            correction=np.ones(count),
+            resident=np.zeros(count, bool),
+            load_now=costs.load_s.copy(),
+            next_compute=costs.marginal_s[:, 0].copy(),
+        )
+
+    def refresh(self, index: int) -> None:
+        """Recompute one device's entries after its pending count, correction or residency moved."""
+        slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
+        self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
+        self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
 
 
 @dataclass(slots=True)
@@ -132,9 +153,7 @@ class Scheduler:
                     residency,
                     can_run,
                 )
-                self.tables[costs.key] = _Tables(
-                    costs, np.zeros(count, np.int64), np.ones(count), np.zeros(count, bool)
-                )
+                self.tables[costs.key] = _Tables.fresh(costs, count)
         classes = {
             name: QueueClass(weight=c.weight, bound=c.queue_bound)
             for name, c in spec.qos.classes.items()
@@ -143,6 +162,9 @@ class Scheduler:
             name: StageQueue(name, classes, spec.qos.aging_per_second) for name in spec.stages
         }
         self.weights = spec.scheduler.weights
+        w = self.weights
+        self._unit_weights = (w.queue, w.load, w.compute, w.transfer) == (1.0, 1.0, 1.0, 1.0)
+        self._base_masks: dict[str, np.ndarray] = {}
         self.smoothing = spec.scheduler.measured_smoothing
         self.backlog = np.zeros(count)
         self.in_flight = np.zeros(count, np.int64)
@@ -181,6 +203,7 @@ class Scheduler:
         """Take a device out of placement, or put it back."""
         self.healthy[self.fleet.index[device_id]] = healthy
         self._blocked_stages.clear()
+        self._base_masks.clear()
 
     def breaker(self, stage: str, device_id: str) -> DeviceBreaker:
         """The failure breaker of (stage, device)."""
@@ -230,32 +253,31 @@ class Scheduler:
     ) -> tuple[int, dict[str, float]] | None:
         if not mask.any():
             return None
-        costs = tables.costs
+        compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
+        transfer = self._transfer(task, tables)
         if self.placement == "round_robin":
             candidates = np.flatnonzero(mask)
             after = candidates[candidates > self._round_robin[task.stage]]
             index = int(after[0] if after.size else candidates[0])
             self._round_robin[task.stage] = index
         elif self.placement == "least_connections":
-            loads = np.where(mask, self.in_flight, np.iinfo(np.int64).max)
-            index = int(np.argmin(loads))
+            index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
         else:
-            index = -1
-        slot = np.minimum(tables.pending, costs.hint.max_batch - 1)
-        compute = (
-            costs.marginal_s[np.arange(len(self.devices)), slot] * tables.correction * task.items
-        )
-        load = np.where(tables.resident, 0.0, costs.load_s)
-        transfer = self._transfer(task, tables)
-        if index < 0:
-            w = self.weights
-            total = (
-                w.queue * self.backlog + w.load * load + w.compute * compute + w.transfer * transfer
-            )
-            index = int(np.argmin(np.where(mask, total, np.inf)))
+            if self._unit_weights:
+                total = self.backlog + tables.load_now + compute + transfer
+            else:
+                w = self.weights
+                total = (
+                    w.queue * self.backlog
+                    + w.load * tables.load_now
+                    + w.compute * compute
+                    + w.transfer * transfer
+                )
+            total[~mask] = np.inf
+            index = int(np.argmin(total))
         terms = {
             "queue": float(self.backlog[index]),
-            "load": float(load[index]),
+            "load": float(tables.load_now[index]),
             "compute": float(compute[index]),
             "transfer": float(transfer[index]),
         }
@@ -265,8 +287,11 @@ class Scheduler:
         key = f"{task.stage}/{task.variant}"
         tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
         costs = tables.costs
+        base = self._base_masks.get(costs.key)
+        if base is None:
+            base = self._base_masks[costs.key] = costs.runnable & self.healthy
         blocked = self._refresh_breakers(task.stage, now)
-        mask = costs.runnable & self.healthy & ~blocked
+        mask = base & ~blocked if self._not_closed[task.stage] else base.copy()
         for device_id in task.excluded:
             index = self.fleet.index.get(device_id)
             if index is not None:
@@ -286,6 +311,7 @@ class Scheduler:
             mask[index] = False
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
+            self.tables[victim].refresh(index)
         manager.apply(
             plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
         )
@@ -296,6 +322,7 @@ class Scheduler:
             breaker.admit_probe()
         estimate = terms["load"] + terms["compute"] + terms["transfer"]
         tables.pending[index] += 1
+        tables.refresh(index)
         self.in_flight[index] += 1
         self.backlog[index] += estimate
         decision = PlacementDecision(
@@ -378,6 +405,7 @@ class Scheduler:
                 ratio = run_s / modelled
                 correction = tables.correction
                 correction[index] += self.smoothing * (ratio - correction[index])
+        tables.refresh(index)
         breaker = self.breaker(dispatch.task.stage, dispatch.device_id)
         before = breaker.state
         breaker.record(ok, run_s, now)
@@ -387,8 +415,26 @@ class Scheduler:
             self.stats.counts[f"breaker_{breaker.state.value}"] += 1
         self._blocked_stages.clear()
 
+    def preload(self, device_id: str, model_key: str) -> bool:
+        """Make ``model_key`` resident on ``device_id`` before any work (a warm start); False if
+        it cannot fit."""
+        index = self.fleet.index[device_id]
+        tables = self.tables[model_key]
+        costs = tables.costs
+        now = self.clock.now()
+        plan = self.memory[index].plan(model_key, costs.hint.resident_bytes, now)
+        if plan is None or plan.evict:
+            return plan is not None and not plan.load
+        self.memory[index].apply(
+            plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+        )
+        tables.resident[index] = True
+        tables.refresh(index)
+        return True
+
     def unloaded(self, device_id: str, model_key: str) -> None:
         """The engine dropped a model on its own (a failed load): forget its residency."""
         index = self.fleet.index[device_id]
         self.memory[index].resident.pop(model_key, None)
         self.tables[model_key].resident[index] = False
+        self.tables[model_key].refresh(index)

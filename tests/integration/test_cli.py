@@ -140,3 +140,19 @@ def test_devices_with_a_bad_policy_exits_2(tmp_path: Path) -> None:
     result = hetero("devices", "--policy", str(bad))
     assert result.returncode == 2
     assert "devices.simulated[0].preset: unknown preset 'A100-SXM9'" in result.stderr
+
+
+def test_bench_scheduler_json_reports_every_queue_length_side_by_side() -> None:
+    result = hetero("bench", "scheduler", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert [row["queued"] for row in payload["results"]] == [100, 1000, 10000]
+    for row in payload["results"]:
+        assert row["hetero"]["p99_us"] > 0 and row["naive"]["p99_us"] > 0
+        assert row["speedup_p99"] == pytest.approx(
+            row["naive"]["p99_us"] / row["hetero"]["p99_us"], rel=0.05
+        )
+    assert set(payload["growth"]) == {
+        "hetero_p50_ratio_10000_vs_100",
+        "naive_p50_ratio_10000_vs_100",
+    }

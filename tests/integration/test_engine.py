@@ -13,7 +13,12 @@ import pytest
 from hetero.backends.npu import NpuBackend
 from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
-from hetero.framework.errors import NoEligibleDeviceError, ShedError, UnknownRouteError
+from hetero.framework.errors import (
+    NoEligibleDeviceError,
+    RequestTimeoutError,
+    ShedError,
+    UnknownRouteError,
+)
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
@@ -203,3 +208,27 @@ def test_heavy_requests_are_degraded_or_shed() -> None:
         with pytest.raises(ShedError) as caught:
             engine.submit("/two", {"x": x}, profile=RequestProfile(text_tokens=10_000))
         assert caught.value.status == 429 and caught.value.retry_after_s >= 1.0
+
+
+def test_a_request_that_times_out_is_cancelled_and_the_engine_carries_on() -> None:
+    policy = load_policy_text(POLICY, "engine.yaml")
+    gate = threading.Event()
+
+    class GatedBackend(FlakyNpuBackend):
+        def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
+            gate.wait(timeout=30)  # holds the run until the test opens it
+            return super()._run(model, inputs)
+
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("npu", lambda: Detection.found("npu", GatedBackend))
+    with Engine(policy, registry, GRAPHS) as engine:
+        x = np.ones((1, 16), np.float32)
+        with pytest.raises(RequestTimeoutError):
+            engine.run("/two", {"x": x}, timeout=0.05)
+        gate.set()
+        result = engine.run("/two", {"x": x}, timeout=60)  # the engine still works
+        np.testing.assert_allclose(result.outputs["head"]["y"], expected(x), rtol=1e-4, atol=1e-4)
+        cancelled = engine.metrics.registry.get_sample_value(
+            "hetero_requests_total", {"route": "/two", "outcome": "cancelled"}
+        )
+        assert cancelled == 1.0

@@ -265,3 +265,29 @@ def test_text_loader_names_its_source() -> None:
     with pytest.raises(PolicyValidationError) as caught:
         load_policy_text(DEFAULT.replace("version: 1", "version: 2"), "inline")
     assert str(caught.value).startswith("inline:")
+
+
+def test_aging_off_with_unequal_weights_would_starve_and_is_refused(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "    standard: {weight: 1, sla_tier: silver}",
+        "    standard: {weight: 1, sla_tier: silver}\n    urgent: {weight: 5, sla_tier: silver}",
+    ).replace("  default_class: standard", "  default_class: standard\n  aging_per_second: 0")
+    err = error_for(tmp_path, text)
+    assert err.key_path == "qos.aging_per_second"
+    assert "lowest class can starve" in err.problem
+
+
+def test_equal_weights_are_allowed_and_mean_first_come_first_served(tmp_path: Path) -> None:
+    from hetero.framework.scheduler.queues import QueueClass, StageQueue
+    from hetero.framework.scheduler.tasks import StageTask
+
+    text = MINIMAL.replace(
+        "    standard: {weight: 1, sla_tier: silver}",
+        "    standard: {weight: 1, sla_tier: silver}\n    other: {weight: 1, sla_tier: silver}",
+    )
+    policy = load_policy(write(tmp_path, text))
+    classes = {n: QueueClass(c.weight, c.queue_bound) for n, c in policy.spec.qos.classes.items()}
+    queue = StageQueue("ocr", classes, policy.spec.qos.aging_per_second)
+    for index, qos in enumerate(["other", "standard", "other"]):
+        queue.push(StageTask("r", "ocr", "ocr", "full", qos, arrival=float(index), deadline=9.0))
+    assert [queue.pop().arrival for _ in range(3)] == [0.0, 1.0, 2.0]  # type: ignore[union-attr]

@@ -118,16 +118,8 @@ def test_a_resident_model_wins_over_loading_it_elsewhere() -> None:
 def test_the_next_stage_stays_on_the_nvlink_island_of_its_input() -> None:
     scheduler, _ = make()
     # Make llm resident on one device per host, so load time does not decide.
-    for device in ("sim:a-0", "sim:b-0"):
-        index = scheduler.fleet.index[device]
-        scheduler.tables["llm/full"].resident[index] = True
-        scheduler.memory[index].apply(
-            scheduler.memory[index].plan("llm/full", 16 * 10**9, 0.0),
-            16 * 10**9,
-            1.0,
-            0.0,
-            0.0,  # type: ignore[arg-type]
-        )
+    assert scheduler.preload("sim:a-0", "llm/full")
+    assert scheduler.preload("sim:b-0", "llm/full")
     handle = OutputHandle("sim:b-1", value=None, size_bytes=200 * 10**6)
     dispatch = place(scheduler, task("llm", inputs=(handle,)))
     assert dispatch.device_id == "sim:b-0"  # NVLink from b-1, not the network to a-0
@@ -240,6 +232,13 @@ def test_alternative_placements_spread_work(placement: str) -> None:
     chosen = [place(scheduler, task("vision")).device_id for _ in range(4)]
     assert sorted(chosen) == ["sim:a-0", "sim:a-1", "sim:b-0", "sim:b-1"]
     assert scheduler.decisions[-1].policy == placement
+
+
+def test_an_input_whose_device_vanished_costs_a_host_copy() -> None:
+    scheduler, _ = make()
+    gone = OutputHandle("sim:removed-0", value=None, size_bytes=10**9)
+    dispatch = place(scheduler, task("llm", inputs=(gone,)))
+    assert dispatch.decision.transfer_s == pytest.approx(10**9 / 32e9)  # A100 host link
 
 
 def test_unknown_placement_is_refused() -> None:

@@ -1,0 +1,66 @@
+"""``hetero bench scheduler``: decision latency against the naive reference, side by side."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hetero.framework.scheduler.bench import QUEUE_LENGTHS, run_scheduler_bench
+
+
+def run_bench_scheduler(console: Console, as_json: bool) -> int:
+    """Measure and print p50/p99 per queue length, the speed-up and how cost grows."""
+    results = run_scheduler_bench()
+    by = {(r.implementation, r.queued): r for r in results}
+    rows: list[dict[str, Any]] = []
+    for queued in QUEUE_LENGTHS:
+        ours, naive = by[("hetero", queued)], by[("naive", queued)]
+        rows.append(
+            {
+                "queued": queued,
+                "hetero": ours.to_dict(),
+                "naive": naive.to_dict(),
+                "speedup_p99": round(naive.p99_us / ours.p99_us, 1),
+                "speedup_p50": round(naive.p50_us / ours.p50_us, 1),
+            }
+        )
+    smallest, largest = rows[0], rows[-1]
+    growth = {
+        "hetero_p50_ratio_10000_vs_100": round(
+            largest["hetero"]["p50_us"] / smallest["hetero"]["p50_us"], 2
+        ),
+        "naive_p50_ratio_10000_vs_100": round(
+            largest["naive"]["p50_us"] / smallest["naive"]["p50_us"], 2
+        ),
+    }
+    payload = {
+        "devices": 64,
+        "stages": 8,
+        "goal": {"p99_us_at_10000": 50, "speedup_at_10000": 10},
+        "results": rows,
+        "growth": growth,
+    }
+    if as_json:
+        console.print_json(json.dumps(payload))
+        return 0
+    table = Table(title="Scheduling decision latency, 64 devices x 8 stages", title_justify="left")
+    for column in ("queued", "hetero p50", "hetero p99", "naive p50", "naive p99", "speed-up p99"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            f"{row['queued']:,}",
+            f"{row['hetero']['p50_us']:.1f} us",
+            f"{row['hetero']['p99_us']:.1f} us",
+            f"{row['naive']['p50_us']:.0f} us",
+            f"{row['naive']['p99_us']:.0f} us",
+            f"{row['speedup_p99']}x",
+        )
+    console.print(table)
+    console.print(
+        f"p50 grows {growth['hetero_p50_ratio_10000_vs_100']}x from 100 to 10,000 queued "
+        f"(naive: {growth['naive_p50_ratio_10000_vs_100']}x)"
+    )
+    return 0
