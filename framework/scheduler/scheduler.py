@@ -339,6 +339,19 @@ class Scheduler:
             candidates=int(mask.sum()),
         )
         self.decisions.append(decision)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "task %d %s/%s -> %s: %.3g s (queue %.3g, load %.3g, compute %.3g, transfer %.3g)",
+                task.id,
+                task.stage,
+                costs.variant,
+                decision.device_id,
+                decision.estimate_s,
+                decision.queue_s,
+                decision.load_s,
+                decision.compute_s,
+                decision.transfer_s,
+            )
         self.stats.counts["dispatches"] += 1
         if plan.load:
             self.stats.counts["loads"] += 1
