@@ -97,6 +97,18 @@ class Pipeline:
         object.__setattr__(self, "order", order)
 
     @property
+    def levels(self) -> tuple[tuple[str, ...], ...]:
+        """Steps grouped by depth: each level may run in parallel once the previous is done."""
+        depth: dict[str, int] = {}
+        for name in self.order:
+            after = self.steps[name].after
+            depth[name] = 1 + max((depth[dep] for dep in after), default=-1)
+        return tuple(
+            tuple(name for name in self.order if depth[name] == level)
+            for level in range(max(depth.values()) + 1)
+        )
+
+    @property
     def sources(self) -> tuple[str, ...]:
         """Steps that wait for nothing."""
         return tuple(name for name in self.order if not self.steps[name].after)

@@ -205,8 +205,9 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
     console.print(table)
     route_table = Table(title="Routes", title_justify="left")
     route_table.add_column("route")
-    route_table.add_column("pipeline (DAG order)")
+    route_table.add_column("pipeline (steps joined by + run in parallel)")
     for route, target in sorted(policy.spec.routes.items()):
-        route_table.add_row(route, f"{target}: " + " -> ".join(policy.pipelines[target].order))
+        levels = policy.pipelines[target].levels
+        route_table.add_row(route, f"{target}: " + " -> ".join(" + ".join(lv) for lv in levels))
     console.print(route_table)
     return 0

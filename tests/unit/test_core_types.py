@@ -101,6 +101,7 @@ def test_pipeline_orders_a_dag_and_finds_sources_and_sinks() -> None:
         },
     )
     assert pipeline.order.index("llm") == 2
+    assert pipeline.levels[1] == ("llm",) and set(pipeline.levels[0]) == {"vision", "ocr"}
     assert set(pipeline.sources) == {"vision", "ocr"}
     assert pipeline.sinks == ("llm",)
 
