@@ -8,7 +8,7 @@ backend gets the same error behaviour for free. A subclass that leaves a hook ou
 is instantiated, not mid-request.
 
 Optional capabilities are explicit class flags (``supports_graph_capture``,
-``supports_peer_copy``) that the scheduler reads; their hooks raise
+``supports_peer_copy``) for callers to read instead of probing; the capture hook raises
 :class:`UnsupportedCapabilityError` by default.
 """
 

@@ -55,7 +55,7 @@ class Detection:
         available: Whether :attr:`factory` may be called.
         reason: Why not (``NVML library not found``), or what was found.
         factory: Builds the backend; None when unavailable.
-        priority: Higher ranks first when several backends can run a stage.
+        priority: Higher ranks first in listings; placement itself goes by estimated cost.
         simulated: Its devices are modelled, not hardware: host discovery leaves it out.
     """
 
@@ -122,6 +122,7 @@ class Registry:
             self._extra[name] = _Source(name, detect, None, builtin=True)
             self._detections.pop(name, None)
             self._instances.pop(name, None)
+            self._broken.pop(name, None)
 
     def register(self, kind: str, name: str, obj: Any) -> None:
         """Register an extension (``stage``, ``cache_tier``, ``sandbox_runtime``, ...) by name."""
@@ -142,8 +143,10 @@ class Registry:
                 found: dict[str, _Source] = {}
                 if self._use_entry_points:
                     for ep in entry_points(group=BACKENDS_GROUP):
-                        builtin = ep.value.startswith(_BUILTIN_PREFIX)
-                        found.setdefault(ep.name, _Source(ep.name, None, ep, builtin))
+                        source = _Source(ep.name, None, ep, _is_builtin(ep))
+                        # On a name clash the built-in wins: a plugin cannot shadow "cuda".
+                        if ep.name not in found or (source.builtin and not found[ep.name].builtin):
+                            found[ep.name] = source
                 self._sources = found
             return {**self._sources, **self._extra}
 
@@ -246,8 +249,7 @@ class Registry:
             self._plugins_loaded = True
             allow = envs.plugin_allow_list()
             for ep in entry_points(group=PLUGINS_GROUP):
-                builtin = ep.value.startswith(_BUILTIN_PREFIX)
-                if not builtin and allow is not None and ep.name not in allow:
+                if not _is_builtin(ep) and allow is not None and ep.name not in allow:
                     continue
                 try:
                     ep.load()(self)
@@ -259,6 +261,14 @@ class Registry:
                         type(err).__name__,
                         err,
                     )
+
+
+def _is_builtin(ep: EntryPoint) -> bool:
+    """An entry point of the hetero distribution itself (not merely a module under hetero.)."""
+    dist = getattr(ep, "dist", None)
+    if dist is not None:
+        return bool(dist.name == "hetero")
+    return ep.value.startswith(_BUILTIN_PREFIX)
 
 
 def _load_entry_point(source: _Source) -> Callable[[], Detection]:

@@ -4,6 +4,7 @@ provider for ONNX graphs) for execution; CUDA Graph capture for static shapes.""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -39,6 +40,9 @@ class CudaBackend(Backend):
 
     def __init__(self, nvml: Any = None) -> None:
         super().__init__()
+        # NVML numbers GPUs in PCI bus order; make CUDA (and so torch) use the same order, so
+        # device cuda:N is the same GPU for telemetry and execution.
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if nvml is None:
             import pynvml
 
@@ -108,6 +112,7 @@ class CudaBackend(Backend):
         before = self._device_memory_used(executable.device_id)
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         provider = (self.ort_provider, {"device_id": _index(executable.device_id)})
         session = onnxruntime.InferenceSession(prepared, options, providers=[provider])
         if session.get_providers()[0] != self.ort_provider:

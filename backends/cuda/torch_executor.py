@@ -52,7 +52,9 @@ class CapturedGraph:
         if inputs.keys() != self.static_inputs.keys():
             return False
         return all(
-            tuple(self.static_inputs[n].shape) == tuple(np.shape(a)) for n, a in inputs.items()
+            tuple(self.static_inputs[n].shape) == tuple(np.shape(a))
+            and str(self.static_inputs[n].dtype).removeprefix("torch.") == np.asarray(a).dtype.name
+            for n, a in inputs.items()
         )
 
 

@@ -12,6 +12,7 @@ the datasheets (A100 80GB: 5,120 bits x 1,593 MHz = 2,039 GB/s; L4: 192 bits x 6
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from hetero.backends.cuda.readings import TOPOLOGY_LEVELS, GpuReading, NvmlReadi
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind, Telemetry
 
 __all__ = ["ArchFigures", "device_specs", "nvlink_peers", "peak_flops", "telemetry"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,7 @@ PCIE_PATH = {10: (1.0, 1e-6), 20: (1.0, 1.5e-6), 30: (0.8, 2e-6), 40: (0.7, 3e-6
 def _arch(gpu: GpuReading) -> ArchFigures:
     if gpu.compute_capability in ARCHITECTURES:
         return ARCHITECTURES[gpu.compute_capability]
-    # An unknown newer minor version: use the closest known one of the same major version.
+    # An unknown minor version: use the highest known one of the same major version.
     same_major = [cc for cc in ARCHITECTURES if cc[0] == gpu.compute_capability[0]]
     known = max(same_major or ARCHITECTURES)
     return ARCHITECTURES[known]
@@ -67,6 +70,12 @@ def _arch(gpu: GpuReading) -> ArchFigures:
 def peak_flops(gpu: GpuReading) -> dict[str, float]:
     """Peak FLOP/s per dtype of ``gpu``."""
     arch = _arch(gpu)
+    if not gpu.cuda_cores:
+        logger.warning(
+            "%s: NVML did not report CUDA cores; peak FLOP/s is a floor until the policy "
+            "overrides it",
+            gpu.name,
+        )
     sms = (gpu.cuda_cores or 0) // arch.fp32_cores_per_sm or 1
     cycles = sms * gpu.max_sm_clock_mhz * 1e6
     flops = {"fp32": cycles * arch.fp32, "fp16": cycles * max(arch.fp16_tensor, arch.fp32)}

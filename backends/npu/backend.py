@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,6 +46,7 @@ class NpuBackend(Backend):
         super().__init__()
         self._runtime_names = runtimes
         self._runtimes: dict[str, Runtime] = {}
+        self._load_lock = threading.Lock()
 
     def _runtime_for(self, device_id: str) -> tuple[Runtime, str]:
         local = device_id.split(":", 1)[1]
@@ -107,9 +109,10 @@ class NpuBackend(Backend):
     def _load(self, executable: Executable) -> tuple[Any, int]:
         runtime, local_id = self._runtime_for(executable.device_id)
         process = psutil.Process()
-        before = process.memory_info().rss
-        loaded = runtime.load(executable.native, executable.graph, local_id)
-        grown = max(0, process.memory_info().rss - before)
+        with self._load_lock:  # one load at a time, so RSS growth belongs to this one
+            before = process.memory_info().rss
+            loaded = runtime.load(executable.native, executable.graph, local_id)
+            grown = max(0, process.memory_info().rss - before)
         floor = max(
             executable.graph.hint.resident_bytes,
             serialized_size(onnx_bytes_or_path(executable.graph)),

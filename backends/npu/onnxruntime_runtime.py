@@ -53,6 +53,8 @@ class OnnxRuntime(Runtime):
     def load(self, prepared: Any, graph: ComputeGraph, local_id: str) -> Any:
         options = self._ort.SessionOptions()
         options.log_severity_level = 3
+        if local_id != "CPUExecutionProvider":  # no silent CPU fallback for unsupported nodes
+            options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         session = self._ort.InferenceSession(prepared, options, providers=[local_id])
         active = session.get_providers()
         if not active or active[0] != local_id:

@@ -10,12 +10,15 @@ reports one, else 64 GB/s per direction per link (MI300X: 128 GB/s bidirectional
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from hetero.backends.rocm.readings import AmdGpuReading, AmdSmiReadings
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind, Telemetry
 
 __all__ = ["device_specs", "peak_flops", "telemetry"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,15 @@ PCIE_LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
 
 
 def _figures(gpu: AmdGpuReading) -> CdnaFigures:
-    return GFX_TARGETS.get(gpu.gfx_target.split(":")[0], GFX_TARGETS["gfx90a"])
+    figures = GFX_TARGETS.get(gpu.gfx_target.split(":")[0])
+    if figures is None:
+        logger.warning(
+            "%s: unknown gfx target %r; using gfx90a figures until the policy overrides them",
+            gpu.name,
+            gpu.gfx_target,
+        )
+        return GFX_TARGETS["gfx90a"]
+    return figures
 
 
 def peak_flops(gpu: AmdGpuReading) -> dict[str, float]:

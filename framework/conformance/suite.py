@@ -1,8 +1,9 @@
 """The conformance tests every backend must pass.
 
-Subclass :class:`BackendConformance` in a test module. By default its ``backend`` fixture is
-the backend named by ``--hetero-backend`` (built through the registry, so entry points are
-exercised); override the fixture to test an instance built another way.
+Subclass :class:`BackendConformance` in a test module named ``test_conformance*.py`` and run
+``pytest --hetero-backend=NAME``: the ``backend`` fixture and the ``conformance_device``
+parameters both come from the backend of that name, built through the registry, so its entry
+point is exercised too.
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ class BackendConformance:
         array = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
         for src, dst in pairs:
             moved = backend.copy(array, src, dst)
+            if hasattr(moved, "cpu"):  # a device tensor (torch): bring it back to compare
+                moved = moved.cpu().numpy()
             np.testing.assert_array_equal(np.asarray(moved), array)
         with pytest.raises(HeteroError):
             backend.copy(array, ids[0], f"{backend.name}:no-such-device")

@@ -4,7 +4,7 @@ It strings the parts together and nothing else: admission (the complexity breake
 scheduler (queues, placement, memory, failure breakers), one :class:`DeviceWorker` per device,
 and futures for callers. A device that raises, or runs out of memory, gets its breaker
 informed and the task retried on another device; a request fails only when no device is left
-to try, and then with an error that says why. No request is lost silently.
+to try, and then with every device's failure in the error. No request is lost silently.
 """
 
 from __future__ import annotations
@@ -13,19 +13,18 @@ import itertools
 import logging
 import threading
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 import numpy as np
 
 from hetero.framework.backend import Backend
-from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.metrics import EngineMetrics
 from hetero.framework.engine.requests import EngineResult, RequestState
 from hetero.framework.engine.worker import BatchOutcome, DeviceWorker
 from hetero.framework.errors import (
-    HeteroError,
+    NoEligibleDeviceError,
     RequestTimeoutError,
     ShedError,
     UnknownRouteError,
@@ -87,21 +86,21 @@ class Engine:
         for device in self.fleet.devices:
             if device.backend not in self.backends:
                 self.backends[device.backend] = registry.backend(device.backend)
-        devices = self.fleet.devices
+        self._device_by_id = {d.id: d for d in self.fleet.devices}
         self.scheduler = Scheduler(
             policy,
-            devices,
+            self.fleet.devices,
             self.fleet.topology(),
             self.clock,
             placement=placement,
             can_run=self._can_run,
+            outputs_on_host=True,
         )
         self.admission = ComplexityBreaker(policy.spec.circuit_breaker.complexity)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._requests: dict[str, RequestState] = {}
-        self._device_by_id = {d.id: d for d in devices}
         self.workers = {
             d.id: DeviceWorker(
                 d,
@@ -111,7 +110,7 @@ class Engine:
                 self._batching,
                 self._on_batch,
             )
-            for d in devices
+            for d in self.fleet.devices
         }
         self._dispatcher = threading.Thread(
             target=self._dispatch_loop, name="hetero-dispatch", daemon=True
@@ -126,24 +125,19 @@ class Engine:
         return self.graphs[model_key.split("/", 1)[0] + "/full"]
 
     def _can_run(self, stage: str, variant: str, device_id: str) -> bool:
-        key = f"{stage}/{variant}"
-        graph = self.graphs.get(key) or self.graphs.get(f"{stage}/full")
+        graph = self.graphs.get(f"{stage}/{variant}") or self.graphs.get(f"{stage}/full")
         if graph is None:
             return False
-        backend = self.backends[self._device(device_id).backend]
+        backend = self.backends[self._device_by_id[device_id].backend]
         return graph.format in backend.graph_formats
-
-    def _device(self, device_id: str) -> DeviceSpec:
-        for device in self.fleet.devices:
-            if device.id == device_id:
-                return device
-        raise KeyError(device_id)
 
     def _batching(self, model_key: str) -> tuple[int, float]:
         stage_name, variant_name = model_key.split("/", 1)
         variants = self.policy.spec.stages[stage_name].variants
         variant = variants["light"] if variant_name == "light" else variants["full"]
-        delay_ms = variant.max_delay_ms or self.policy.spec.scheduler.batching.max_delay_ms
+        delay_ms = variant.max_delay_ms
+        if delay_ms is None:
+            delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
         return (variant.max_batch if variant.batchable else 1), delay_ms / 1000.0
 
     def start(self) -> Engine:
@@ -157,7 +151,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop accepting work, fail what is still queued, stop the workers, unload models."""
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
         self._wake.set()
         if self._started:
             self._dispatcher.join()
@@ -165,10 +160,10 @@ class Engine:
                 worker.stop()
         with self._lock:
             pending = list(self._requests.values())
-            self._requests.clear()
+            for state in pending:
+                self._end(state)
         for state in pending:
-            if not state.future.done():
-                state.future.set_exception(ShedError("engine is shutting down", status=503))
+            _settle(state.future, error=ShedError("engine is shutting down", status=503))
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -186,11 +181,13 @@ class Engine:
         qos_class: str | None = None,
         profile: RequestProfile | None = None,
     ) -> Future[EngineResult]:
-        """Start a request; its future holds the sink steps' outputs.
+        """Start a request; its future holds the sink steps' outputs. Cancelling the future
+        cancels the request.
 
         Raises:
             UnknownRouteError: the policy has no such route.
-            ShedError: admission refused it (``status`` 429, ``retry_after_s``).
+            ShedError: admission refused it (``status`` 429, ``retry_after_s``), or the engine
+                is shutting down (503).
             KeyError: unknown QoS class.
         """
         spec = self.policy.spec
@@ -198,20 +195,24 @@ class Engine:
             raise UnknownRouteError(route, tuple(sorted(spec.routes)))
         qos = qos_class or spec.qos.default_class
         if qos not in spec.qos.classes:
-            raise KeyError(
-                f"unknown QoS class {qos!r} (classes: {', '.join(sorted(spec.qos.classes))})"
-            )
+            classes = ", ".join(sorted(spec.qos.classes))
+            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
         deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
         variant = "full"
         with self._lock:
-            decision = self.admission.decide(
-                profile or RequestProfile(), self.scheduler.queue_delay_s(), deadline_s
+            if self._stopping:
+                raise ShedError("engine is shutting down", status=503)
+            # Only requests that state a profile are judged, and only they shape the p95.
+            decision = (
+                None
+                if profile is None
+                else self.admission.decide(profile, self.scheduler.queue_delay_s(), deadline_s)
             )
-        if decision.action is Admission.SHED:
+        if decision is not None and decision.action is Admission.SHED:
             self.metrics.sheds.labels("complexity").inc()
             self.metrics.requests.labels(route, "shed").inc()
             raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
-        if decision.action is Admission.DEGRADE:
+        if decision is not None and decision.action is Admission.DEGRADE:
             variant = "light"
             self.metrics.degraded.inc()
         now = self.clock.now()
@@ -232,10 +233,11 @@ class Engine:
             try:
                 self._enqueue_ready(state)
             except ShedError:
-                del self._requests[state.request_id]
+                self._end(state)
                 self.metrics.sheds.labels("queue_full").inc()
                 self.metrics.requests.labels(route, "shed").inc()
                 raise
+        future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
         self._wake.set()
         return future
 
@@ -254,9 +256,9 @@ class Engine:
             return future.result(timeout=timeout)
         except FutureTimeoutError:
             request_id = self._request_of(future)
-            if request_id is not None:
-                self.cancel(request_id)
-            raise RequestTimeoutError(request_id or "?", timeout or 0.0) from None
+            if request_id is not None and self.cancel(request_id):
+                raise RequestTimeoutError(request_id, timeout or 0.0) from None
+            return future.result()  # it finished while the timeout was being handled
 
     def _request_of(self, future: Future[EngineResult]) -> str | None:
         with self._lock:
@@ -265,68 +267,79 @@ class Engine:
     def cancel(self, request_id: str) -> bool:
         """Cancel a request: queued steps are dropped, running ones finish and are ignored."""
         with self._lock:
-            state = self._requests.pop(request_id, None)
+            state = self._requests.get(request_id)
             if state is None:
                 return False
-            for task in state.live_tasks.values():
-                self.scheduler.cancel(task)
+            self._end(state)
         state.future.cancel()
         self.metrics.requests.labels(state.route, "cancelled").inc()
         return True
 
+    def _caller_cancelled(self, future: Future[EngineResult], request_id: str) -> None:
+        if future.cancelled():
+            self.cancel(request_id)
+
+    def _end(self, state: RequestState) -> None:
+        """Forget a request that ended and drop its queued steps (lock held)."""
+        self._requests.pop(state.request_id, None)
+        for task in state.live_tasks.values():
+            self.scheduler.cancel(task)
+        state.live_tasks.clear()
+
     # --- the loop ----------------------------------------------------------------------------
 
     def _enqueue_ready(self, state: RequestState) -> None:
-        """Queue every step whose inputs are ready (caller holds the lock)."""
+        """Queue every step whose inputs are ready (lock held)."""
         now = self.clock.now()
+        stages = self.policy.spec.stages
         for step in state.ready_steps():
             stage = state.pipeline.steps[step].stage
-            inputs = tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after)
             task = StageTask(
                 request_id=state.request_id,
                 stage=stage,
                 step=step,
-                variant=state.variant
-                if state.variant in self.policy.spec.stages[stage].variants
-                else "full",
+                variant=state.variant if state.variant in stages[stage].variants else "full",
                 qos_class=state.qos_class,
                 arrival=state.arrival,
                 deadline=state.deadline,
-                inputs=inputs,
+                inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
                 items=_items(state.payload),
                 enqueued_at=now,
             )
             self.scheduler.enqueue(task)
             state.live_tasks[task.id] = task
 
-    def _requeue(self, task: StageTask) -> None:
-        task.enqueued_at = self.clock.now()
-        self.scheduler.enqueue(task)
-
     def _dispatch_loop(self) -> None:
         while not self._stopping:
             self._wake.wait(timeout=DISPATCH_POLL_S)
             self._wake.clear()
-            outcomes: list[Dispatch | Rejection] = []
-            with self._lock:
-                while (outcome := self.scheduler.dispatch()) is not None:
-                    outcomes.append(outcome)
-            for outcome in outcomes:
-                if isinstance(outcome, Rejection):
-                    self._fail(outcome.task.request_id, outcome.error)
-                    continue
-                if outcome.load.load:
-                    self.metrics.loads.labels(outcome.device_id).inc()
-                if outcome.load.evict:
-                    self.metrics.evictions.labels(outcome.device_id).inc(len(outcome.load.evict))
-                self.workers[outcome.device_id].inbox.put(outcome)
+            try:
+                self._dispatch_ready()
+            except Exception:  # a bug here must not stop dispatching for everyone
+                logger.exception("dispatch failed unexpectedly")
 
-    def _inputs(self, dispatch: Dispatch) -> Arrays:
+    def _dispatch_ready(self) -> None:
+        outcomes: list[Dispatch | Rejection] = []
+        with self._lock:
+            while (outcome := self.scheduler.dispatch()) is not None:
+                outcomes.append(outcome)
+        for outcome in outcomes:
+            if isinstance(outcome, Rejection):
+                self._fail(outcome.task.request_id, outcome.error)
+                continue
+            if outcome.load.load:
+                self.metrics.loads.labels(outcome.device_id).inc()
+            if outcome.load.evict:
+                self.metrics.evictions.labels(outcome.device_id).inc(len(outcome.load.evict))
+            self.workers[outcome.device_id].inbox.put(outcome)
+
+    def _inputs(self, dispatch: Dispatch) -> Arrays | None:
+        """A task's input arrays; None when its request is gone (cancelled, timed out)."""
         task = dispatch.task
         with self._lock:
             state = self._requests.get(task.request_id)
-        if state is None:
-            raise HeteroError(f"request {task.request_id} is gone (cancelled or timed out)")
+        if state is None or task.cancelled:
+            return None
         if not task.inputs:
             arrays = dict(state.payload)
         else:
@@ -337,38 +350,51 @@ class Engine:
         return {n: arrays[n] for n in names if n in arrays} if names else arrays
 
     def _on_batch(self, outcomes: list[BatchOutcome]) -> None:
-        ran = [o for o in outcomes if o.error is None]
-        if ran:
-            first = ran[0]
-            device = self._device_by_id[first.dispatch.device_id]
-            stage = first.dispatch.task.stage
-            if first.batch_size > 1:  # one stacked run
-                self.metrics.batch_size.labels(stage).observe(first.batch_size)
-                busy = first.run_s
-            else:  # items that could not be stacked ran one by one
-                for _ in ran:
-                    self.metrics.batch_size.labels(stage).observe(1)
-                busy = sum(o.run_s for o in ran)
-            self.metrics.stage_latency.labels(stage, device.device_class.value).observe(busy)
-            self.metrics.device_busy.labels(device.id).inc(busy)
+        self._sync_health()
+        self._observe_batch([o for o in outcomes if o.error is None and not o.skipped])
         for outcome in outcomes:
             self._finish(outcome)
         self._wake.set()
+
+    def _observe_batch(self, ran: list[BatchOutcome]) -> None:
+        if not ran:
+            return
+        first = ran[0]
+        device = self._device_by_id[first.dispatch.device_id]
+        stage = first.dispatch.task.stage
+        if first.batch_size > 1:  # one stacked run
+            self.metrics.batch_size.labels(stage).observe(first.batch_size)
+            busy = first.run_s
+        else:  # items that could not be stacked ran one by one
+            for _ in ran:
+                self.metrics.batch_size.labels(stage).observe(1)
+            busy = sum(o.run_s for o in ran)
+        self.metrics.stage_latency.labels(stage, device.device_class.value).observe(busy)
+        self.metrics.device_busy.labels(device.id).inc(busy)
+
+    def _sync_health(self) -> None:
+        """Devices their backend marked unhealthy (or healthy again) leave (or rejoin)
+        placement; checked after every batch, so a fault seen anywhere applies at once."""
+        with self._lock:
+            for index, device in enumerate(self.fleet.devices):
+                healthy = self.backends[device.backend].health(device.id) is None
+                if bool(self.scheduler.healthy[index]) != healthy:
+                    self.scheduler.set_health(device.id, healthy)
 
     def _finish(self, outcome: BatchOutcome) -> None:
         dispatch = outcome.dispatch
         task = dispatch.task
         device = self._device_by_id[dispatch.device_id]
+        if outcome.skipped:
+            with self._lock:
+                self.scheduler.completed(dispatch, ok=True, run_s=0.0, judge=False)
+            return
         ok = outcome.error is None
         self.metrics.queue_wait.labels(task.stage, task.qos_class).observe(
             max(0.0, outcome.started_at - task.enqueued_at)
         )
         with self._lock:
-            if (
-                not ok
-                and dispatch.load.load
-                and dispatch.model_key not in self.workers[device.id].loaded
-            ):
+            if not ok and dispatch.model_key not in self.workers[device.id].loaded:
                 self.scheduler.unloaded(device.id, dispatch.model_key)
             self.scheduler.completed(
                 dispatch, ok=ok, run_s=outcome.run_s, batch_size=outcome.batch_size
@@ -391,22 +417,27 @@ class Engine:
                 error = self._retry(state, task, device.id, outcome.error)
             finished = error is not None or state.done()
             if finished:
-                self._requests.pop(task.request_id, None)
+                self._end(state)
         if not finished:
             return
         if error is not None:
             self.metrics.requests.labels(state.route, "failed").inc()
-            state.future.set_exception(error)
+            _settle(state.future, error=error)
             return
         self.metrics.requests.labels(state.route, "ok").inc()
-        state.future.set_result(
-            EngineResult(
-                request_id=state.request_id,
-                outputs={sink: state.outputs[sink].value for sink in state.pipeline.sinks},
-                devices=dict(state.devices),
-                degraded=state.variant == "light",
-                latency_s=self.clock.now() - state.arrival,
-            )
+        _settle(state.future, result=self._result(state))
+
+    def _result(self, state: RequestState) -> EngineResult:
+        stages = self.policy.spec.stages
+        had_light = any(
+            "light" in stages[step.stage].variants for step in state.pipeline.steps.values()
+        )
+        return EngineResult(
+            request_id=state.request_id,
+            outputs={sink: state.outputs[sink].value for sink in state.pipeline.sinks},
+            devices=dict(state.devices),
+            degraded=state.variant == "light" and had_light,
+            latency_s=self.clock.now() - state.arrival,
         )
 
     def _continue(self, state: RequestState) -> BaseException | None:
@@ -420,17 +451,19 @@ class Engine:
     def _retry(
         self, state: RequestState, task: StageTask, device_id: str, error: BaseException | None
     ) -> BaseException | None:
-        """Send a failed task to another device (lock held); the error if none is left."""
+        """Send a failed task to another device (lock held); an error if none is left."""
         problem = f"{type(error).__name__}: {error}"
         self.metrics.failures.labels(task.stage, device_id).inc()
         logger.warning("%s: %s failed on %s: %s", task.request_id, task.step, device_id, problem)
         task.excluded = task.excluded | {device_id}
         task.failures = {**task.failures, device_id: problem}
-        if len(task.excluded) >= len(self.fleet.devices):
-            return error or HeteroError(problem)
+        if len(task.excluded) >= self.scheduler.eligible_devices(task.stage, task.variant):
+            reasons = {d: f"failed this request ({p})" for d, p in task.failures.items()}
+            return NoEligibleDeviceError(task.stage, reasons)
         self.metrics.retries.labels(task.stage).inc()
+        task.enqueued_at = self.clock.now()
         try:
-            self._requeue(task)
+            self.scheduler.enqueue(task)
         except ShedError as err:
             return err
         state.live_tasks[task.id] = task
@@ -438,12 +471,28 @@ class Engine:
 
     def _fail(self, request_id: str, error: BaseException) -> None:
         with self._lock:
-            state = self._requests.pop(request_id, None)
-        if state is None:
-            return
+            state = self._requests.get(request_id)
+            if state is None:
+                return
+            self._end(state)
         self.metrics.requests.labels(state.route, "failed").inc()
-        if not state.future.done():
-            state.future.set_exception(error)
+        _settle(state.future, error=error)
+
+
+def _settle(
+    future: Future[EngineResult],
+    *,
+    result: EngineResult | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Complete a future unless the caller already cancelled it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+    except InvalidStateError:
+        pass  # the caller cancelled it; the request's work was dropped with it
 
 
 def _items(payload: Mapping[str, np.ndarray[Any, Any]]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +41,6 @@ class RequestState:
     outputs: dict[str, OutputHandle] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)
     live_tasks: dict[int, StageTask] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ready_steps(self) -> list[str]:
         """Steps not started whose dependencies are all done."""

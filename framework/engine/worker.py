@@ -27,7 +27,11 @@ IDLE_POLL_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
-    """What happened to one dispatched task of a batch."""
+    """What happened to one dispatched task of a batch.
+
+    ``skipped`` marks a task whose request was cancelled before it ran: it did not run, and its
+    device is not to blame.
+    """
 
     dispatch: Dispatch
     outputs: Arrays | None
@@ -35,17 +39,18 @@ class BatchOutcome:
     run_s: float
     batch_size: int
     started_at: float
+    skipped: bool = False
 
 
 class DeviceWorker:
-    """Runs one device's batches on its own thread."""
+    """Runs one device's batches on its own thread; nothing it meets kills the thread."""
 
     def __init__(
         self,
         device: DeviceSpec,
         backend: Backend,
         graph_for: Callable[[str], ComputeGraph],
-        inputs_for: Callable[[Dispatch], Arrays],
+        inputs_for: Callable[[Dispatch], Arrays | None],
         batching_for: Callable[[str], tuple[int, float]],
         report: Callable[[list[BatchOutcome]], None],
     ) -> None:
@@ -73,10 +78,8 @@ class DeviceWorker:
         self.loaded.clear()
 
     def _timeout(self) -> float:
-        due = [b.due_at() for b in self._batchers.values() if len(b)]
-        if not due:
-            return IDLE_POLL_S
-        return max(0.0, min(d for d in due if d is not None) - time.monotonic())
+        due = [d for b in self._batchers.values() if (d := b.due_at()) is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else IDLE_POLL_S
 
     def _loop(self) -> None:
         running = True
@@ -86,8 +89,14 @@ class DeviceWorker:
             now = time.monotonic()
             for batcher in list(self._batchers.values()):
                 batch = batcher.take(now)
-                if batch:
-                    self._report(self._execute(batch))
+                if not batch:
+                    continue
+                try:
+                    outcomes = self._execute(batch)
+                except Exception as err:  # a bug here must fail the batch, not the thread
+                    logger.exception("%s: batch failed unexpectedly", self.device.id)
+                    outcomes = [BatchOutcome(d, None, err, 0.0, len(batch), now) for d in batch]
+                self._report(outcomes)
 
     def _receive(self, timeout: float) -> bool:
         """Take what arrived (waiting up to ``timeout`` for the first); False once told to stop."""
@@ -100,11 +109,22 @@ class DeviceWorker:
                 for batcher in self._batchers.values():
                     batcher.max_delay_s = 0.0  # flush partial batches on the way out
                 return False
+            self._evict(item)
             self._batcher(item.model_key).add(item, time.monotonic())
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return True
+
+    def _evict(self, dispatch: Dispatch) -> None:
+        """Carry out the plan's evictions in dispatch order (victims have no work queued)."""
+        for victim in dispatch.load.evict:
+            model = self.loaded.pop(victim, None)
+            if model is not None:
+                try:
+                    self.backend.unload(model)
+                except Exception:
+                    logger.exception("%s: unloading %s failed", self.device.id, victim)
 
     def _batcher(self, key: str) -> Batcher[Dispatch]:
         if key not in self._batchers:
@@ -112,42 +132,45 @@ class DeviceWorker:
             self._batchers[key] = Batcher(max_batch=max_batch, max_delay_s=max_delay_s)
         return self._batchers[key]
 
-    def _ensure_loaded(self, dispatch: Dispatch) -> LoadedModel:
-        for victim in dispatch.load.evict:
-            model = self.loaded.pop(victim, None)
-            if model is not None:
-                self.backend.unload(model)
-        model = self.loaded.get(dispatch.model_key)
+    def _model(self, model_key: str) -> LoadedModel:
+        model = self.loaded.get(model_key)
         if model is None:
-            graph = self._graph_for(dispatch.model_key)
+            graph = self._graph_for(model_key)
             model = self.backend.load(self.backend.compile(graph, self.device.id))
-            self.loaded[dispatch.model_key] = model
+            self.loaded[model_key] = model
         return model
 
     def _execute(self, batch: list[Dispatch]) -> list[BatchOutcome]:
         started = time.monotonic()
+        outcomes: list[BatchOutcome] = []
+        live: list[tuple[Dispatch, Arrays]] = []
+        for dispatch in batch:
+            arrays = self._inputs_for(dispatch)
+            if arrays is None:
+                outcomes.append(BatchOutcome(dispatch, None, None, 0.0, 0, started, skipped=True))
+            else:
+                live.append((dispatch, arrays))
+        if not live:
+            return outcomes
         try:
-            model = self._ensure_loaded(batch[0])
-            for dispatch in batch[1:]:
-                self._ensure_loaded(dispatch)  # later dispatches may carry their own evictions
-            inputs = [self._inputs_for(d) for d in batch]
-        except Exception as err:  # a load that fails fails the whole batch, to be retried
+            model = self._model(batch[0].model_key)
+        except Exception as err:  # a failed load fails the batch; the engine retries elsewhere
             logger.warning("%s: loading %s failed: %s", self.device.id, batch[0].model_key, err)
-            return [BatchOutcome(d, None, err, 0.0, len(batch), started) for d in batch]
-        stacked = _stack(inputs) if len(batch) > 1 else None
+            return outcomes + [BatchOutcome(d, None, err, 0.0, len(live), started) for d, _ in live]
+        stacked = _stack([arrays for _, arrays in live]) if len(live) > 1 else None
         if stacked is not None:
             arrays, sizes = stacked
             try:
                 result = self.backend.run(model, arrays)
             except Exception as err:
-                return [BatchOutcome(d, None, err, 0.0, len(batch), started) for d in batch]
-            parts = _split(result.outputs, sizes)
-            return [
-                BatchOutcome(d, part, None, result.latency_s, len(batch), started)
-                for d, part in zip(batch, parts, strict=True)
-            ]
-        outcomes = []
-        for dispatch, arrays in zip(batch, inputs, strict=True):
+                logger.info("%s: stacked run failed (%s); running items alone", self.device.id, err)
+            else:
+                parts = _split(result.outputs, sizes)
+                return outcomes + [
+                    BatchOutcome(d, part, None, result.latency_s, len(live), started)
+                    for (d, _), part in zip(live, parts, strict=True)
+                ]
+        for dispatch, arrays in live:
             try:
                 result = self.backend.run(model, arrays)
                 outcomes.append(
@@ -159,16 +182,17 @@ class DeviceWorker:
 
 
 def _stack(inputs: list[Arrays]) -> tuple[Arrays, list[int]] | None:
-    """Concatenate items along axis 0 when every item has the same names and trailing shapes."""
+    """Concatenate items along axis 0 when every input of every item has at least one
+    dimension, the same names, the same trailing shape and one leading size per item."""
     names = inputs[0].keys()
-    if any(item.keys() != names for item in inputs):
+    if not names or any(item.keys() != names for item in inputs):
+        return None
+    if any(np.ndim(item[name]) == 0 for item in inputs for name in names):
         return None
     for name in names:
-        shapes = {np.shape(item[name])[1:] for item in inputs}
-        dims = {np.ndim(item[name]) for item in inputs}
-        if len(shapes) != 1 or dims == {0}:
+        if len({np.shape(item[name])[1:] for item in inputs}) != 1:
             return None
-    sizes = [int(np.shape(next(iter(item.values())))[0]) for item in inputs]
+    sizes = [int(np.shape(item[next(iter(names))])[0]) for item in inputs]
     for name in names:
         if [int(np.shape(item[name])[0]) for item in inputs] != sizes:
             return None

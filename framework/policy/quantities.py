@@ -24,7 +24,7 @@ _PREFIXES = {
     "Ti": 2.0**40,
     "Pi": 2.0**50,
 }
-_UNITS = ("", "B", "B/s", "FLOPS", "FLOP/s", "FLOP", "bps")
+_UNITS = ("", "B", "B/s", "FLOPS", "FLOP/s", "FLOP")
 _PATTERN = re.compile(
     r"^\s*(?P<number>[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?)\s*"
     r"(?P<prefix>Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)?(?P<unit>[A-Za-z/]*)\s*$"

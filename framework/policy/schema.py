@@ -161,7 +161,7 @@ class VariantConfig(_Frozen):
     batchable: StrictBool = True
     max_batch: PositiveInt = 1
     dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
-    max_delay_ms: NonNegativeFloat = 0.0
+    max_delay_ms: NonNegativeFloat | None = None
 
 
 class StageConfig(_Frozen):

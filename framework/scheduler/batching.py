@@ -42,9 +42,3 @@ class Batcher(Generic[T]):
             return []
         count = min(self.max_batch, len(self._items))
         return [self._items.popleft()[1] for _ in range(count)]
-
-    def drain(self) -> list[T]:
-        """Everything, regardless of readiness (shutdown)."""
-        items = [item for _, item in self._items]
-        self._items.clear()
-        return items

@@ -147,13 +147,14 @@ class DeviceBreaker:
     transitions: int = 0
     _outcomes: deque[tuple[bool, bool]] = field(default_factory=deque)
     _probes_left: int = 0
-    _probe_failures: int = 0
+    _probe_successes: int = 0
 
     def allows(self, now: float) -> bool:
         """Whether a call may go through now (an open breaker half-opens after ``open_s``)."""
         if self.state is BreakerState.OPEN and now - self.opened_at >= self.config.open_s:
             self._move(BreakerState.HALF_OPEN, now)
             self._probes_left = self.config.half_open_probes
+            self._probe_successes = 0
         if self.state is BreakerState.CLOSED:
             return True
         if self.state is BreakerState.HALF_OPEN:
@@ -171,7 +172,9 @@ class DeviceBreaker:
         if self.state is BreakerState.HALF_OPEN:
             if not ok or slow:
                 self._move(BreakerState.OPEN, now)
-            elif self._probes_left == 0:
+                return
+            self._probe_successes += 1
+            if self._probe_successes >= self.config.half_open_probes:
                 self._move(BreakerState.CLOSED, now)
             return
         self._outcomes.append((ok, slow))

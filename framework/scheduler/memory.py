@@ -58,10 +58,6 @@ class MemoryManager:
         """Bytes not held."""
         return self.capacity - self.used
 
-    def is_resident(self, key: str) -> bool:
-        """Whether ``key`` is loaded here."""
-        return key in self.resident
-
     def _victims(self, needed: int, now: float) -> tuple[str, ...] | None:
         if needed <= self.free:
             return ()
@@ -83,11 +79,14 @@ class MemoryManager:
             freed += victim.bytes
         return tuple(chosen) if freed >= needed else None
 
-    def can_host(self, key: str, size: int, now: float) -> bool:
-        """Whether ``key`` is resident or could be made so by evicting idle models."""
-        return key in self.resident or (
-            size <= self.capacity and self._victims(size, now) is not None
-        )
+    def next_evictable(self, now: float) -> float | None:
+        """When the next idle model passes its minimum residency (None if none is waiting)."""
+        times = [
+            r.loaded_at + r.min_residency_s
+            for r in self.resident.values()
+            if r.in_flight == 0 and r.loaded_at + r.min_residency_s > now
+        ]
+        return min(times) if times else None
 
     def plan(self, key: str, size: int, now: float) -> LoadPlan | None:
         """What making ``key`` resident takes, or None if no room can be made."""

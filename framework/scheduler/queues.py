@@ -10,7 +10,8 @@ first with O(log n) push and pop, and nothing is ever re-sorted.
 is overtaken only by tasks already queued at ``t0`` (at most ``B``, the sum of the queue bounds
 of all classes) and by tasks arriving before ``t0 + D`` where ``D = (w_max - w_min) / a``; any
 later arrival has a lower key. With a server completing ``mu`` tasks per second and ``A(t0, D)``
-arrivals in ``(t0, t0 + D)``, T's wait is at most ``(B + A(t0, D)) / mu`` plus one service time.
+arrivals in ``(t0, t0 + D)``, T's wait is at most ``(B + A(t0, D) + 1) / mu``: the ``+ 1`` is
+the task in service when T arrives.
 At an arrival rate ``lambda`` that is about ``B / mu + lambda * D / mu``: bounded for any load,
 and the property test in ``tests/unit/test_queue_starvation.py`` checks it on random arrival
 mixes at twice the capacity. With ``a = 0`` there is no bound: the policy loader refuses
@@ -71,19 +72,14 @@ class StageQueue:
         if self._counts[task.qos_class] >= queue_class.bound:
             raise QueueFullError(self.stage, task.qos_class, queue_class.bound)
         heapq.heappush(self._heap, (-self.key(task), task.deadline, next(self._sequence), task))
+        task.cancelled = False
+        task.queued = True
         self._counts[task.qos_class] += 1
         self._live += 1
 
     def _drop_cancelled(self) -> None:
         while self._heap and self._heap[0][3].cancelled:
-            task = heapq.heappop(self._heap)[3]
-            self._counts[task.qos_class] -= 1
-            self._live -= 1
-
-    def peek(self) -> StageTask | None:
-        """The task that would be served next."""
-        self._drop_cancelled()
-        return self._heap[0][3] if self._heap else None
+            heapq.heappop(self._heap)  # already taken off the counts by cancel()
 
     def peek_key(self) -> float | None:
         """The next task's key, to compare heads across stages."""
@@ -96,12 +92,18 @@ class StageQueue:
         if not self._heap:
             return None
         task = heapq.heappop(self._heap)[3]
+        task.queued = False
         self._counts[task.qos_class] -= 1
         self._live -= 1
         return task
 
     def cancel(self, task: StageTask) -> None:
-        """Mark ``task`` cancelled; it is dropped lazily when it reaches the head."""
+        """Cancel ``task``: it stops counting against its class's bound at once and is dropped
+        from the heap when it reaches the head."""
+        if task.queued and not task.cancelled:
+            self._counts[task.qos_class] -= 1
+            self._live -= 1
+            task.queued = False
         task.cancelled = True
 
 

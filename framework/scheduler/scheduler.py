@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,6 +124,7 @@ class Scheduler:
         *,
         placement: str | None = None,
         can_run: Callable[[str, str, str], bool] = _always,
+        outputs_on_host: bool = False,
     ) -> None:
         spec = policy.spec
         self.policy = policy
@@ -176,6 +177,10 @@ class Scheduler:
         self._blocked_stages: set[str] = set()
         self.decisions: deque[PlacementDecision] = deque(maxlen=DECISIONS_KEPT)
         self.stats = SchedulerStats()
+        # The engine keeps stage outputs as host arrays, so every input is a host-to-device
+        # copy; the simulator models outputs staying on their device.
+        self.outputs_on_host = outputs_on_host
+        self._retry_blocked_at = np.inf
 
     # --- queues ------------------------------------------------------------------------------
 
@@ -214,10 +219,6 @@ class Scheduler:
             self._breakers[key] = DeviceBreaker(f"{stage}@{device_id}", config)
         return self._breakers[key]
 
-    def breakers(self) -> Mapping[tuple[str, int], DeviceBreaker]:
-        """Every breaker created so far."""
-        return self._breakers
-
     def _refresh_breakers(self, stage: str, now: float) -> np.ndarray:
         blocked = self._breaker_blocked[stage]
         for index in list(self._not_closed[stage]):
@@ -234,6 +235,8 @@ class Scheduler:
         if not task.inputs:
             size = tables.costs.hint.input_bytes * task.items
             return size * fleet.ingress_inverse_bandwidth
+        if self.outputs_on_host:
+            return sum(h.size_bytes for h in task.inputs) * fleet.ingress_inverse_bandwidth
         total = np.zeros(len(self.devices))
         for handle in task.inputs:
             src = fleet.index.get(handle.device_id)
@@ -299,6 +302,9 @@ class Scheduler:
         if not mask.any():
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
+        # At most one batch's worth outstanding per (model, device): the rest stays queued,
+        # where priority and aging decide what goes next.
+        mask &= tables.pending < costs.hint.max_batch
         while True:
             chosen = self._choose(task, tables, mask)
             if chosen is None:
@@ -378,6 +384,9 @@ class Scheduler:
     def dispatch(self) -> Dispatch | Rejection | None:
         """Place the highest-priority task across all stages; None when nothing can go now."""
         now = self.clock.now()
+        if now >= self._retry_blocked_at:
+            self._blocked_stages.clear()
+            self._retry_blocked_at = np.inf
         while True:
             best: StageQueue | None = None
             best_key = -np.inf
@@ -396,11 +405,26 @@ class Scheduler:
                 return outcome
             best.push(task)  # same key: it keeps its place
             self._blocked_stages.add(best.stage)
+            # Nothing completes to unblock it if the room is held by idle models still inside
+            # their minimum residency: retry once the first of them may go.
+            waits = [m.next_evictable(now) for m in self.memory]
+            self._retry_blocked_at = min(
+                [w for w in waits if w is not None] + [self._retry_blocked_at]
+            )
 
     # --- completion --------------------------------------------------------------------------
 
-    def completed(self, dispatch: Dispatch, *, ok: bool, run_s: float, batch_size: int = 1) -> None:
-        """Report a dispatched task done (``run_s``: its batch's run time)."""
+    def completed(
+        self,
+        dispatch: Dispatch,
+        *,
+        ok: bool,
+        run_s: float,
+        batch_size: int = 1,
+        judge: bool = True,
+    ) -> None:
+        """Report a dispatched task done (``run_s``: its batch's run time). ``judge=False``
+        frees its slot without telling the breaker or the estimate (a cancelled request)."""
         now = self.clock.now()
         index = self.fleet.index[dispatch.device_id]
         tables = self.tables[dispatch.model_key]
@@ -408,6 +432,10 @@ class Scheduler:
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
         self.backlog[index] = max(0.0, self.backlog[index] - dispatch.estimate_s)
         self.memory[index].end(dispatch.model_key, now)
+        if not judge:
+            tables.refresh(index)
+            self._blocked_stages.clear()
+            return
         if ok and run_s > 0:
             device = self.devices[index]
             hint = tables.costs.hint
@@ -429,8 +457,8 @@ class Scheduler:
         self._blocked_stages.clear()
 
     def preload(self, device_id: str, model_key: str) -> bool:
-        """Make ``model_key`` resident on ``device_id`` before any work (a warm start); False if
-        it cannot fit."""
+        """Make ``model_key`` resident on ``device_id`` before any work (a warm start). False if
+        it does not fit in the free memory: a warm start never evicts."""
         index = self.fleet.index[device_id]
         tables = self.tables[model_key]
         costs = tables.costs
@@ -444,6 +472,11 @@ class Scheduler:
         tables.resident[index] = True
         tables.refresh(index)
         return True
+
+    def eligible_devices(self, stage: str, variant: str) -> int:
+        """How many devices could ever run this stage variant (healthy or not)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        return int(tables.costs.runnable.sum())
 
     def unloaded(self, device_id: str, model_key: str) -> None:
         """The engine dropped a model on its own (a failed load): forget its residency."""

@@ -51,12 +51,7 @@ class StageTask:
     excluded: frozenset[str] = frozenset()
     attempts: int = 0
     cancelled: bool = False
-    payload: Any = None
+    queued: bool = False
     enqueued_at: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
     id: int = field(default_factory=lambda: next(_task_ids))
-
-    @property
-    def input_bytes(self) -> int:
-        """Bytes the task needs moved to wherever it runs."""
-        return sum(handle.size_bytes for handle in self.inputs)

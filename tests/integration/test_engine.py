@@ -169,7 +169,7 @@ def test_a_device_that_fails_mid_run_loses_no_request() -> None:
         assert engine.scheduler.breaker("encode", OPENVINO).state.value in {"open", "half_open"}
 
 
-def test_when_every_device_fails_the_request_fails_with_the_reason() -> None:
+def test_when_every_device_fails_the_request_fails() -> None:
     policy = load_policy_text(POLICY, "engine.yaml")
     with Engine(policy, flaky_registry(), GRAPHS) as engine:
         FlakyNpuBackend.failing = {OPENVINO, ORT}
@@ -232,3 +232,71 @@ def test_a_request_that_times_out_is_cancelled_and_the_engine_carries_on() -> No
             "hetero_requests_total", {"route": "/two", "outcome": "cancelled"}
         )
         assert cancelled == 1.0
+
+
+ONE_DEVICE = POLICY.replace("devices: {allow: [npu]}", 'devices: {allow: ["npu:onnxruntime/*"]}')
+
+
+def gated_registry(gate: threading.Event) -> Registry:
+    class GatedBackend(FlakyNpuBackend):
+        def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
+            gate.wait(timeout=30)  # holds runs until the test opens the gate
+            return super()._run(model, inputs)
+
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("npu", lambda: Detection.found("npu", GatedBackend))
+    FlakyNpuBackend.failing = set()
+    return registry
+
+
+def test_cancelling_one_request_spares_those_batched_with_it() -> None:
+    gate = threading.Event()
+    policy = load_policy_text(ONE_DEVICE, "engine.yaml")
+    with Engine(policy, gated_registry(gate), GRAPHS) as engine:
+        x = np.ones((1, 16), np.float32)
+        first = engine.submit("/two", {"x": x})
+        second = engine.submit("/two", {"x": x})
+        third = engine.submit("/two", {"x": x})
+        assert second.cancel()  # the caller gives up on one while the device is busy
+        gate.set()
+        for future in (first, third):
+            np.testing.assert_allclose(
+                future.result(timeout=60).outputs["head"]["y"], expected(x), rtol=1e-4, atol=1e-4
+            )
+        assert second.cancelled()
+        sample = engine.metrics.registry.get_sample_value
+        assert sample("hetero_stage_failures_total", {"stage": "encode", "device": ORT}) is None
+        assert engine.scheduler.breaker("encode", ORT).state.value == "closed"
+        assert engine.run("/two", {"x": x}, timeout=60).outputs  # the worker is alive
+
+
+def test_submit_after_close_is_refused_with_503() -> None:
+    policy = load_policy_text(POLICY, "engine.yaml")
+    engine = Engine(policy, flaky_registry(), GRAPHS).start()
+    engine.close()
+    with pytest.raises(ShedError) as caught:
+        engine.submit("/two", {"x": np.ones((1, 16), np.float32)})
+    assert caught.value.status == 503
+
+
+def test_when_every_device_fails_the_error_names_each_failure() -> None:
+    policy = load_policy_text(POLICY, "engine.yaml")
+    with Engine(policy, flaky_registry(), GRAPHS) as engine:
+        FlakyNpuBackend.failing = {OPENVINO, ORT}
+        future = engine.submit("/two", {"x": np.ones((1, 16), np.float32)})
+        with pytest.raises(NoEligibleDeviceError) as caught:
+            future.result(timeout=60)
+        message = str(caught.value)
+        assert OPENVINO in message and ORT in message
+        assert "injected device fault" in message
+
+
+def test_a_device_its_backend_marks_unhealthy_leaves_placement() -> None:
+    policy = load_policy_text(POLICY, "engine.yaml")
+    with Engine(policy, flaky_registry(), GRAPHS, placement="round_robin") as engine:
+        x = np.ones((1, 16), np.float32)
+        engine.run("/two", {"x": x}, timeout=60)
+        engine.backends["npu"].mark_unhealthy(OPENVINO, "telemetry failed: GPU is lost")
+        engine.run("/two", {"x": x}, timeout=60)  # the next batch report syncs health
+        results = [engine.run("/two", {"x": x}, timeout=60) for _ in range(6)]
+        assert all(set(r.devices.values()) == {ORT} for r in results)

@@ -55,4 +55,4 @@ def test_batcher_releases_a_full_batch_or_after_the_delay() -> None:
     for name, at in (("c", 1.0), ("d", 1.0), ("e", 1.0), ("f", 1.0)):
         batcher.add(name, at)
     assert batcher.take(1.0) == ["c", "d", "e"]  # full before any delay
-    assert batcher.drain() == ["f"] and len(batcher) == 0
+    assert len(batcher) == 1 and batcher.take(1.0) == []

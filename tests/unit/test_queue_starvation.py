@@ -79,7 +79,7 @@ def violations(times: list[float], waits: list[tuple[float, float]], aging: floa
         in_window = bisect.bisect_right(times, arrival + window) - bisect.bisect_right(
             times, arrival
         )
-        if wait > starvation_bound(total_bound, in_window, 1 / SERVICE_S) + SERVICE_S + 1e-9:
+        if wait > starvation_bound(total_bound, in_window, 1 / SERVICE_S) + 1e-9:
             count += 1
     return count
 

@@ -47,7 +47,8 @@ stages:
     device_classes: [cuda]
     min_residency_s: 0
     variants:
-      full: {flops_per_item: 1 TFLOPS, bytes_per_item: 40 GB, resident_bytes: 40 GB, dtype: fp16}
+      full: {flops_per_item: 1 TFLOPS, bytes_per_item: 40 GB, resident_bytes: 40 GB,
+             dtype: fp16, max_batch: 2}
   cpu_only:
     modality: text
     device_classes: [cpu]
@@ -255,3 +256,35 @@ def test_measured_runs_correct_the_estimate() -> None:
     assert second.device_id == first.device_id
     index = scheduler.fleet.index[first.device_id]
     assert scheduler.tables["vision/full"].correction[index] == pytest.approx(1 + 0.2 * 2)
+
+
+def test_a_stage_blocked_by_young_idle_models_retries_when_they_may_go() -> None:
+    text = POLICY.replace("resident_bytes: 16 GB", "resident_bytes: 45 GB").replace(
+        "    min_residency_s: 0\n", "    min_residency_s: 30\n"
+    )
+    scheduler, clock = make(policy_text=text)
+    held = [place(scheduler, task("big")) for _ in range(8)]
+    assert {d.device_id for d in held} == {"sim:a-0", "sim:a-1", "sim:b-0", "sim:b-1"}
+    for dispatch in held:
+        scheduler.completed(dispatch, ok=True, run_s=0.01)  # idle now, but young
+    scheduler.enqueue(task("llm"))
+    assert scheduler.dispatch() is None
+    clock.advance(10.0)
+    assert scheduler.dispatch() is None  # still inside the 30 s minimum residency
+    clock.advance(25.0)
+    outcome = scheduler.dispatch()  # nothing completed, yet it goes: the model may be evicted
+    assert isinstance(outcome, Dispatch) and outcome.load.evict == ("big/full",)
+
+
+def test_outstanding_work_per_device_is_capped_so_priority_decides() -> None:
+    scheduler, _ = make()
+    for _ in range(40):
+        scheduler.enqueue(task("vision", qos="standard"))
+    dispatched = []
+    while isinstance(outcome := scheduler.dispatch(), Dispatch):
+        dispatched.append(outcome)
+    assert len(dispatched) == 4 * 8  # one batch (max_batch 8) per GPU, the rest wait queued
+    scheduler.enqueue(task("vision", qos="interactive"))
+    scheduler.completed(dispatched[0], ok=True, run_s=0.01)
+    nxt = scheduler.dispatch()
+    assert isinstance(nxt, Dispatch) and nxt.task.qos_class == "interactive"
