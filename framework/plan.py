@@ -10,6 +10,7 @@ from hetero.framework.fleet import Fleet
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import VariantConfig
+from hetero.framework.topology import host_link
 
 __all__ = ["DeviceCost", "StagePlan", "hint_from_variant", "plan_policy"]
 
@@ -80,13 +81,6 @@ def hint_from_variant(variant: VariantConfig) -> BandwidthHint:
     )
 
 
-def _host_bandwidth(device: DeviceSpec) -> float:
-    value = device.properties.get("host_bandwidth_bytes_per_s")
-    if isinstance(value, int | float) and value > 0:
-        return float(value)
-    return device.memory_bandwidth_bytes_per_s
-
-
 def cost_on(hint: BandwidthHint, device: DeviceSpec) -> DeviceCost:
     """Roofline cost of one item of ``hint`` on ``device``."""
     compute = hint.flops_per_item / device.peak_flops_for(hint.dtype)
@@ -96,7 +90,7 @@ def cost_on(hint: BandwidthHint, device: DeviceSpec) -> DeviceCost:
         compute_s=compute,
         memory_s=memory,
         per_item_s=max(compute, memory),
-        load_s=hint.resident_bytes / _host_bandwidth(device),
+        load_s=hint.resident_bytes / host_link(device)[0],
         bound="compute" if compute >= memory else "memory",
     )
 

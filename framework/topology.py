@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from hetero.framework.devices import DeviceClass, DeviceSpec, LinkKind
 from hetero.framework.errors import UnknownDeviceError
 
-__all__ = ["Hop", "Topology"]
+__all__ = ["Hop", "Topology", "host_link"]
 
 # PCIe Gen4 x16 carries 32 GB/s each way before protocol overhead; about 25 GB/s is what
 # cudaMemcpy reaches from pinned memory (NVIDIA's bandwidthTest on A100 hosts).
@@ -70,7 +70,7 @@ class Topology:
                             link.latency_s,
                         )
                     )
-            bandwidth, latency = _host_path(device)
+            bandwidth, latency = host_link(device)
             host = HOST_PREFIX + device.host
             self._add(Hop(device.id, host, "host", bandwidth, latency))
             self._add(Hop(host, device.id, "host", bandwidth, latency))
@@ -144,8 +144,10 @@ class Topology:
         return self._edges.get(src, {}).get(dst)
 
 
-def _host_path(device: DeviceSpec) -> tuple[float, float]:
-    """Bandwidth and latency between a device and its host's memory."""
+def host_link(device: DeviceSpec) -> tuple[float, float]:
+    """Bandwidth (bytes/s, per direction) and latency between a device and its host's memory:
+    the memory bus for a CPU device, else the device's stated host bandwidth (PCIe), else a
+    PCIe Gen4 x16 default."""
     if device.device_class is DeviceClass.CPU:
         return device.memory_bandwidth_bytes_per_s, 0.0
     value = device.properties.get("host_bandwidth_bytes_per_s")

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.graph import BandwidthHint
-from hetero.framework.topology import Topology
+from hetero.framework.topology import Topology, host_link
 
 __all__ = ["FleetCosts", "StageCosts"]
 
@@ -64,7 +64,7 @@ class FleetCosts:
                 hops = topology.route(ROUTE_PROBE_BYTES, src.id, dst.id)
                 self.route_latency[i, j] = sum(h.latency_s for h in hops)
                 self.route_inverse_bandwidth[i, j] = sum(1 / h.bandwidth_bytes_per_s for h in hops)
-        self.ingress_inverse_bandwidth = np.array([1 / _host_bandwidth(d) for d in self.devices])
+        self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
 
     def stage(
         self,
@@ -88,7 +88,7 @@ class FleetCosts:
                 hint.batch_seconds(peak, bandwidth, k) for k in range(1, hint.max_batch + 1)
             ]
             marginal[i] = np.diff(times)  # the first item carries the weights' read
-            load[i] = LOAD_INIT_S + hint.resident_bytes / _host_bandwidth(device)
+            load[i] = LOAD_INIT_S + hint.resident_bytes / host_link(device)[0]
             reason = ""
             if device.device_class.value not in allowed_classes:
                 reason = f"class {device.device_class.value} not allowed"
@@ -109,12 +109,3 @@ class FleetCosts:
             min_residency_s=min_residency_s,
             why_not=tuple(why_not),
         )
-
-
-def _host_bandwidth(device: DeviceSpec) -> float:
-    value = device.properties.get("host_bandwidth_bytes_per_s")
-    if isinstance(value, int | float) and value > 0:
-        return float(value)
-    if device.device_class.value == "cpu":
-        return device.memory_bandwidth_bytes_per_s
-    return 25e9
