@@ -17,6 +17,7 @@ from rich.logging import RichHandler
 from hetero.framework import envs
 from hetero.framework.cli.bench import run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
+from hetero.framework.cli.simulate import run_simulate
 from hetero.framework.errors import HeteroError, PolicyValidationError
 from hetero.framework.registry import default_registry
 
@@ -51,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
     bench.add_argument("target", choices=["scheduler"], help="what to measure")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
+    simulate = commands.add_parser(
+        "simulate", help="simulate placement policies side by side on a workload"
+    )
+    simulate.add_argument("policy", help="policy file with simulated devices (or builtin:<name>)")
+    simulate.add_argument("--workload", required=True, help="workload YAML file")
+    simulate.add_argument(
+        "--policies",
+        default="hetero,round_robin,least_connections",
+        help="comma-separated: hetero, round_robin, least_connections, lru",
+    )
+    simulate.add_argument("--json", action="store_true", help="machine-readable output")
+    simulate.add_argument("--plot", metavar="FILE.png", help="latency CDFs and a busy timeline")
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -79,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_devices(out, registry, args.json)
         if args.command == "bench":
             return run_bench_scheduler(out, args.json)
+        if args.command == "simulate":
+            names = [n.strip() for n in args.policies.split(",") if n.strip()]
+            return run_simulate(
+                out, err, registry, args.policy, args.workload, names, args.json, args.plot
+            )
         return run_plan(out, registry, args.policy, args.json)
-    except envs.EnvError as error:
-        err.print(f"error: {error}", highlight=False, markup=False)
-        return EXIT_USER
     except HeteroError as error:
         if args.debug:
             err.print_exception()
@@ -90,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(error, PolicyValidationError):
             for line in error.more:
                 err.print(f"error: {line}", highlight=False, markup=False)
+        return EXIT_USER
+    except envs.EnvError as error:
+        if args.debug:
+            err.print_exception()
+        err.print(f"error: {error}", highlight=False, markup=False)
         return EXIT_USER
     except KeyboardInterrupt:
         return 130

@@ -3,6 +3,8 @@
 Victims are idle models (no work in flight) older than their minimum residency, chosen by the
 score ``idle seconds x bytes / reload seconds``: a large model that has been idle long and is
 cheap to bring back goes first, so one large idle model is evicted before three small hot ones.
+``eviction="lru"`` is plain least-recently-used with no minimum residency, kept for comparison
+(the simulator's thrash scenario).
 Victims are taken greedily by score until enough room is free; if idle models cannot free
 enough, nothing is evicted and the caller places elsewhere.
 """
@@ -44,6 +46,7 @@ class MemoryManager:
 
     device_id: str
     capacity: int
+    eviction: str = "cost_aware"
     resident: dict[str, Residency] = field(default_factory=dict)
     loads: int = 0
     evictions: int = 0
@@ -61,15 +64,19 @@ class MemoryManager:
     def _victims(self, needed: int, now: float) -> tuple[str, ...] | None:
         if needed <= self.free:
             return ()
-        candidates = [
-            r
-            for r in self.resident.values()
-            if r.in_flight == 0 and now - r.loaded_at >= r.min_residency_s
-        ]
-        candidates.sort(
-            key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
-            reverse=True,
-        )
+        if self.eviction == "lru":
+            candidates = [r for r in self.resident.values() if r.in_flight == 0]
+            candidates.sort(key=lambda r: r.last_used)
+        else:
+            candidates = [
+                r
+                for r in self.resident.values()
+                if r.in_flight == 0 and now - r.loaded_at >= r.min_residency_s
+            ]
+            candidates.sort(
+                key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
+                reverse=True,
+            )
         freed = self.free
         chosen: list[str] = []
         for victim in candidates:

@@ -125,6 +125,7 @@ class Scheduler:
         placement: str | None = None,
         can_run: Callable[[str, str, str], bool] = _always,
         outputs_on_host: bool = False,
+        eviction: str = "cost_aware",
     ) -> None:
         spec = policy.spec
         self.policy = policy
@@ -138,7 +139,9 @@ class Scheduler:
         reserve = spec.scheduler.memory_reserve_fraction
         capacity = [int(d.memory_bytes * (1 - reserve)) for d in self.devices]
         self.fleet = FleetCosts(self.devices, topology, capacity)
-        self.memory = [MemoryManager(d.id, c) for d, c in zip(self.devices, capacity, strict=True)]
+        self.memory = [
+            MemoryManager(d.id, c, eviction) for d, c in zip(self.devices, capacity, strict=True)
+        ]
         count = len(self.devices)
         self.tables: dict[str, _Tables] = {}
         for name, stage in spec.stages.items():

@@ -1,0 +1,111 @@
+"""Arrival sequences from a workload, reproducible from its seed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.framework.errors import PolicyValidationError
+from hetero.framework.policy import Policy
+from hetero.framework.simulator.traces import read_azure, read_trace
+from hetero.framework.simulator.workload import RequestKind, SimRequest, Workload
+
+__all__ = ["RequestSource", "open_loop_requests"]
+
+
+def _from_kind(kind: RequestKind, index: int, arrival: float) -> SimRequest:
+    return SimRequest(
+        index=index,
+        arrival=arrival,
+        route=kind.route,
+        qos=kind.qos,
+        text_tokens=kind.text_tokens,
+        output_tokens=kind.output_tokens,
+        images=kind.images,
+        image_pixels=kind.image_pixels,
+        audio_seconds=kind.audio_seconds,
+    )
+
+
+class RequestSource:
+    """Draws request kinds from the mix, and arrival gaps, with the workload's seed."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.spec = workload.spec
+        self.rng = np.random.default_rng(self.spec.seed)
+        weights = np.array([k.weight for k in self.spec.mix], dtype=float)
+        self._probabilities = weights / weights.sum() if len(weights) else weights
+
+    def kind(self, only: str | None = None) -> RequestKind:
+        """A kind drawn by weight (``only``: ``images`` or ``audio`` restricts the draw)."""
+        kinds = list(self.spec.mix)
+        probabilities = self._probabilities
+        if only is not None:
+            keep = [
+                (images if only == "images" else audio)
+                for images, audio in ((k.images > 0, k.audio_seconds > 0) for k in kinds)
+            ]
+            kinds = [k for k, flag in zip(kinds, keep, strict=True) if flag]
+            if not kinds:
+                raise ValueError(f"the mix has no {only} requests to mix in")
+            weights = np.array([k.weight for k in kinds], dtype=float)
+            probabilities = weights / weights.sum()
+        return kinds[int(self.rng.choice(len(kinds), p=probabilities))]
+
+    def gap(self) -> float:
+        """Seconds to the next open-loop arrival."""
+        arrivals = self.spec.arrivals
+        assert arrivals.rate_per_s is not None
+        if arrivals.kind == "gamma":
+            shape = 1.0 / (arrivals.cv**2)
+            return float(self.rng.gamma(shape, 1.0 / (arrivals.rate_per_s * shape)))
+        return float(self.rng.exponential(1.0 / arrivals.rate_per_s))
+
+
+def open_loop_requests(workload: Workload, policy: Policy) -> list[SimRequest]:
+    """Every request of a poisson, gamma, trace or azure workload, sorted by arrival."""
+    spec = workload.spec
+    routes = set(policy.spec.routes)
+    for index, kind in enumerate(spec.mix):
+        if kind.route not in routes:
+            raise PolicyValidationError(
+                str(workload.source),
+                None,
+                f"mix[{index}].route",
+                f"{kind.route!r} is not a route of the policy",
+            )
+    source = RequestSource(workload)
+    base = workload.source.parent
+    if spec.arrivals.kind == "trace":
+        assert spec.arrivals.path is not None
+        return read_trace(base / spec.arrivals.path, routes, spec.arrivals.limit)
+    if spec.arrivals.kind == "azure":
+        assert spec.arrivals.path is not None and spec.azure is not None
+        if spec.azure.route not in routes:
+            raise PolicyValidationError(
+                str(workload.source),
+                None,
+                "azure.route",
+                f"{spec.azure.route!r} is not a route of the policy",
+            )
+        requests = []
+        for index, (arrival, context, generated) in enumerate(
+            read_azure(base / spec.arrivals.path, spec.arrivals.limit)
+        ):
+            if arrival > spec.duration_s:
+                break
+            draw = float(source.rng.random())
+            if draw < spec.azure.image_ratio:
+                requests.append(_from_kind(source.kind("images"), index, arrival))
+            elif draw < spec.azure.image_ratio + spec.azure.audio_ratio:
+                requests.append(_from_kind(source.kind("audio"), index, arrival))
+            else:
+                requests.append(
+                    SimRequest(index, arrival, spec.azure.route, spec.azure.qos, context, generated)
+                )
+        return requests
+    requests = []
+    now = source.gap()
+    while now <= spec.duration_s:
+        requests.append(_from_kind(source.kind(), len(requests), now))
+        now += source.gap()
+    return requests

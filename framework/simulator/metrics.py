@@ -1,0 +1,83 @@
+"""What a simulated run measures, and its summary per placement policy."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RunMetrics"]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+@dataclass
+class RunMetrics:
+    """Raw observations of one run; :meth:`summary` turns them into the reported figures."""
+
+    policy: str
+    latencies: list[float] = field(default_factory=list)
+    latencies_by_class: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    deadlines: dict[str, float] = field(default_factory=dict)
+    ttft: list[float] = field(default_factory=list)
+    lowest_class_waits: list[float] = field(default_factory=list)
+    completed: int = 0
+    shed: int = 0
+    failed: int = 0
+    loads: int = 0
+    evictions: int = 0
+    breaker_trips: int = 0
+    first_arrival: float = 0.0
+    last_completion: float = 0.0
+    memory_std_integral: float = 0.0
+    observed_time: float = 0.0
+    busy: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    wall_s: float = 0.0
+    events: int = 0
+
+    def observe_memory(self, utilisation: np.ndarray[Any, Any], dt: float) -> None:
+        """Fold in ``dt`` seconds at this per-device memory utilisation (0-1)."""
+        if dt > 0 and utilisation.size:
+            self.memory_std_integral += float(np.std(utilisation)) * dt
+            self.observed_time += dt
+
+    def summary(self) -> dict[str, Any]:
+        """The figures the issue asks for, per policy."""
+        lat = self.latencies
+        span = max(self.last_completion - self.first_arrival, 1e-9)
+        p50, p99 = _percentile(lat, 50), _percentile(lat, 99)
+        attainment = {
+            qos: float(np.mean([v <= self.deadlines[qos] for v in values])) if values else None
+            for qos, values in sorted(self.latencies_by_class.items())
+        }
+        hours = span / 3600.0
+        return {
+            "policy": self.policy,
+            "completed": self.completed,
+            "shed": self.shed,
+            "failed": self.failed,
+            "mean_ms": float(np.mean(lat)) * 1e3 if lat else float("nan"),
+            "p50_ms": p50 * 1e3,
+            "p95_ms": _percentile(lat, 95) * 1e3,
+            "p99_ms": p99 * 1e3,
+            "p99_minus_p50_ms": (p99 - p50) * 1e3,
+            "ttft_p50_ms": _percentile(self.ttft, 50) * 1e3,
+            "ttft_p99_ms": _percentile(self.ttft, 99) * 1e3,
+            "slo_attainment": attainment,
+            "lowest_class_max_wait_s": max(self.lowest_class_waits, default=0.0),
+            "memory_utilisation_std_pct": 100.0 * self.memory_std_integral / self.observed_time
+            if self.observed_time
+            else 0.0,
+            "model_loads": self.loads,
+            "model_evictions": self.evictions,
+            "loads_per_hour": self.loads / hours if hours else 0.0,
+            "breaker_trips": self.breaker_trips,
+            "throughput_rps": self.completed / span,
+            "simulated_s": span,
+            "wall_s": self.wall_s,
+            "events": self.events,
+        }

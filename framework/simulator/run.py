@@ -1,0 +1,344 @@
+"""The discrete-event simulation: the SAME scheduler, placement, memory manager, batching and
+breakers as the engine, on simulated devices and a virtual clock.
+
+Events are arrivals, batch completions and batch timers. After each event the scheduler
+dispatches what it can; each device runs one batch at a time, taking the model's load time first
+when it is not resident (evictions follow the scheduler's plans). A batch lasts the modelled
+time of the sim backend (:func:`modelled_batch_seconds`), scaled by the requests' sizes against
+the workload's nominal size (text tokens, image count, audio seconds).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetero.backends.sim.backend import LAUNCH_OVERHEAD_S
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import ShedError
+from hetero.framework.policy import Policy
+from hetero.framework.scheduler import (
+    Admission,
+    Batcher,
+    ComplexityBreaker,
+    Dispatch,
+    OutputHandle,
+    Rejection,
+    RequestProfile,
+    Scheduler,
+    StageTask,
+    VirtualClock,
+)
+from hetero.framework.simulator.arrivals import RequestSource, open_loop_requests
+from hetero.framework.simulator.metrics import RunMetrics
+from hetero.framework.simulator.workload import SimRequest, Workload
+from hetero.framework.stages import Pipeline
+from hetero.framework.topology import Topology
+
+__all__ = ["simulate"]
+
+ARRIVAL, BATCH_DONE, TIMER = 0, 1, 2
+
+
+@dataclass
+class _RequestRun:
+    request: SimRequest
+    pipeline: Pipeline
+    qos: str
+    variant: str
+    client: int | None
+    done: dict[str, OutputHandle] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _DeviceSim:
+    spec: DeviceSpec
+    batchers: dict[str, Batcher[Dispatch]] = field(default_factory=dict)
+    loaded: set[str] = field(default_factory=set)
+    busy: bool = False
+
+
+class _Simulation:
+    def __init__(
+        self,
+        policy: Policy,
+        devices: Sequence[DeviceSpec],
+        topology: Topology,
+        workload: Workload,
+        placement: str,
+        eviction: str,
+    ) -> None:
+        self.policy = policy
+        self.workload = workload
+        self.clock = VirtualClock()
+        self.scheduler = Scheduler(
+            policy, devices, topology, self.clock, placement=placement, eviction=eviction
+        )
+        self.admission = ComplexityBreaker(policy.spec.circuit_breaker.complexity)
+        self.devices = {d.id: _DeviceSim(d) for d in devices}
+        self.events: list[tuple[float, int, int, object]] = []
+        self.sequence = itertools.count()
+        self.runs: dict[int, _RequestRun] = {}
+        name = placement if eviction == "cost_aware" else f"{placement}+{eviction}"
+        self.metrics = RunMetrics(policy=name)
+        spec = policy.spec
+        self.metrics.deadlines = {
+            q: spec.sla_tiers[c.sla_tier].deadline_ms / 1000.0 for q, c in spec.qos.classes.items()
+        }
+        self.lowest_class = min(spec.qos.classes, key=lambda q: spec.qos.classes[q].weight)
+        self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
+        self.last_memory_time = 0.0
+        self.source = RequestSource(workload)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def push(self, when: float, kind: int, payload: object) -> None:
+        heapq.heappush(self.events, (when, next(self.sequence), kind, payload))
+
+    def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
+        started = time.perf_counter()
+        spec = self.workload.spec
+        if spec.arrivals.kind == "closed_loop":
+            assert spec.arrivals.clients is not None
+            for client in range(spec.arrivals.clients):
+                self._next_closed_loop(client, 0.0)
+        else:
+            for request in open_loop_requests(self.workload, self.policy):
+                self.push(request.arrival, ARRIVAL, (request, None))
+        self.metrics.first_arrival = self.events[0][0] if self.events else 0.0
+        self.last_memory_time = self.metrics.first_arrival
+        while self.events:
+            when, _, kind, payload = heapq.heappop(self.events)
+            self._observe_memory(when)
+            self.clock.advance_to(when)
+            self.metrics.events += 1
+            if kind == ARRIVAL:
+                self._arrive(*payload)  # type: ignore[misc]
+            elif kind == BATCH_DONE:
+                self._batch_done(*payload)  # type: ignore[misc]
+            self._dispatch()
+            self._start_batches()
+            if progress is not None and self.metrics.events % 2000 == 0:
+                progress(when)
+        self.metrics.loads = self.scheduler.stats.counts["loads"]
+        self.metrics.evictions = self.scheduler.stats.counts["evictions"]
+        self.metrics.breaker_trips = self.scheduler.stats.counts["breaker_open"]
+        self.metrics.wall_s = time.perf_counter() - started
+        return self.metrics
+
+    def _observe_memory(self, when: float) -> None:
+        used = np.array([m.used for m in self.scheduler.memory], dtype=float)
+        self.metrics.observe_memory(used / self.capacity, when - self.last_memory_time)
+        self.last_memory_time = when
+
+    def _next_closed_loop(self, client: int, now: float) -> None:
+        spec = self.workload.spec
+        if now > spec.duration_s:
+            return
+        kind = self.source.kind()
+        request = SimRequest(
+            index=next(self.sequence),
+            arrival=now + spec.arrivals.think_time_s,
+            route=kind.route,
+            qos=kind.qos,
+            text_tokens=kind.text_tokens,
+            output_tokens=kind.output_tokens,
+            images=kind.images,
+            image_pixels=kind.image_pixels,
+            audio_seconds=kind.audio_seconds,
+        )
+        self.push(request.arrival, ARRIVAL, (request, client))
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def _arrive(self, request: SimRequest, client: int | None) -> None:
+        spec = self.policy.spec
+        qos = request.qos or spec.qos.default_class
+        deadline = self.metrics.deadlines[qos]
+        profile = RequestProfile(
+            text_tokens=request.text_tokens + request.output_tokens,
+            image_pixels=request.images * request.image_pixels,
+            audio_seconds=request.audio_seconds,
+        )
+        decision = self.admission.decide(profile, self.scheduler.queue_delay_s(), deadline)
+        if decision.action is Admission.SHED:
+            self._shed(client)
+            return
+        run = _RequestRun(
+            request=request,
+            pipeline=self.policy.pipeline_for_route(request.route),
+            qos=qos,
+            variant="light" if decision.action is Admission.DEGRADE else "full",
+            client=client,
+        )
+        self.runs[request.index] = run
+        if not self._enqueue_ready(run):
+            del self.runs[request.index]
+            self._shed(client)
+
+    def _shed(self, client: int | None) -> None:
+        self.metrics.shed += 1
+        if client is not None:  # a closed-loop client backs off one second and tries again
+            self._next_closed_loop(client, self.clock.now() + 1.0)
+
+    def _enqueue_ready(self, run: _RequestRun) -> bool:
+        stages = self.policy.spec.stages
+        for step in run.pipeline.order:
+            if step in run.started or not all(
+                d in run.done for d in run.pipeline.steps[step].after
+            ):
+                continue
+            stage = run.pipeline.steps[step].stage
+            task = StageTask(
+                request_id=str(run.request.index),
+                stage=stage,
+                step=step,
+                variant=run.variant if run.variant in stages[stage].variants else "full",
+                qos_class=run.qos,
+                arrival=run.request.arrival,
+                deadline=run.request.arrival + self.metrics.deadlines[run.qos],
+                inputs=tuple(run.done[d] for d in run.pipeline.steps[step].after),
+                enqueued_at=self.clock.now(),
+            )
+            try:
+                self.scheduler.enqueue(task)
+            except ShedError:
+                return False
+            run.started.add(step)
+        return True
+
+    def _dispatch(self) -> None:
+        while (outcome := self.scheduler.dispatch()) is not None:
+            if isinstance(outcome, Rejection):
+                run = self.runs.pop(int(outcome.task.request_id), None)
+                self.metrics.failed += 1
+                if run is not None and run.client is not None:
+                    self._next_closed_loop(run.client, self.clock.now())
+                continue
+            device = self.devices[outcome.device_id]
+            for victim in outcome.load.evict:
+                device.loaded.discard(victim)
+            key = outcome.model_key
+            if key not in device.batchers:
+                stage, variant = key.split("/", 1)
+                config = self.policy.spec.stages[stage].variants
+                chosen = config["light"] if variant == "light" else config["full"]
+                delay_ms = chosen.max_delay_ms
+                if delay_ms is None:
+                    delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
+                size = chosen.max_batch if chosen.batchable else 1
+                device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_ms / 1000.0)
+            batcher = device.batchers[key]
+            batcher.add(outcome, self.clock.now())
+            due = batcher.due_at()
+            if due is not None:
+                self.push(due, TIMER, None)
+
+    def _start_batches(self) -> None:
+        now = self.clock.now()
+        for device in self.devices.values():
+            if device.busy:
+                continue
+            ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
+            if not ready:
+                continue
+            _, key = min(ready)
+            batch = device.batchers[key].take(now)
+            self._start(device, key, batch)
+
+    def _scale(self, dispatch: Dispatch) -> float:
+        """Work of this request's stage relative to the hint's nominal item."""
+        request = (
+            self.runs[int(dispatch.task.request_id)].request
+            if int(dispatch.task.request_id) in self.runs
+            else None
+        )
+        if request is None:
+            return 1.0
+        nominal = self.workload.spec.nominal
+        modality = self.policy.spec.stages[dispatch.task.stage].modality
+        if modality == "image" and request.images:
+            pixels = request.image_pixels or nominal.image_pixels
+            return request.images * pixels / nominal.image_pixels
+        if modality == "audio" and request.audio_seconds:
+            return request.audio_seconds / nominal.audio_seconds
+        tokens = request.text_tokens + request.output_tokens
+        if modality in {"text", "embedding"} and tokens:
+            return tokens / nominal.text_tokens
+        return 1.0
+
+    def _start(self, device: _DeviceSim, key: str, batch: list[Dispatch]) -> None:
+        tables = self.scheduler.tables[key]
+        hint = tables.costs.hint
+        index = self.scheduler.fleet.index[device.spec.id]
+        duration = 0.0
+        if key not in device.loaded:
+            duration += float(tables.costs.load_s[index])
+            device.loaded.add(key)
+        items = sum(self._scale(d) for d in batch)
+        peak = device.spec.peak_flops_for(hint.dtype)
+        run_s = LAUNCH_OVERHEAD_S + hint.batch_seconds(
+            peak, device.spec.memory_bandwidth_bytes_per_s, items
+        )  # type: ignore[arg-type]
+        duration += run_s
+        now = self.clock.now()
+        for dispatch in batch:
+            if dispatch.task.qos_class == self.lowest_class:
+                self.metrics.lowest_class_waits.append(now - dispatch.task.enqueued_at)
+            run = self.runs.get(int(dispatch.task.request_id))
+            stage = self.policy.spec.stages[dispatch.task.stage]
+            if run is not None and stage.modality == "text" and run.request.output_tokens:
+                total = run.request.text_tokens + run.request.output_tokens
+                prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
+                self.metrics.ttft.append(now + prefill - run.request.arrival)
+        device.busy = True
+        self.metrics.busy[device.spec.id].append((now, duration))
+        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s))
+
+    def _batch_done(self, device_id: str, batch: list[Dispatch], run_s: float) -> None:
+        device = self.devices[device_id]
+        device.busy = False
+        now = self.clock.now()
+        for dispatch in batch:
+            self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=len(batch))
+            run = self.runs.get(int(dispatch.task.request_id))
+            if run is None:
+                continue
+            run.done[dispatch.task.step] = OutputHandle(
+                device_id,
+                None,
+                self.policy.spec.stages[dispatch.task.stage].variants["full"].output_bytes,
+            )
+            if all(sink in run.done for sink in run.pipeline.sinks):
+                del self.runs[run.request.index]
+                latency = now - run.request.arrival
+                self.metrics.latencies.append(latency)
+                self.metrics.latencies_by_class[run.qos].append(latency)
+                self.metrics.completed += 1
+                self.metrics.last_completion = now
+                if run.client is not None:
+                    self._next_closed_loop(run.client, now)
+            elif not self._enqueue_ready(run):
+                del self.runs[run.request.index]
+                self._shed(run.client)
+
+
+def simulate(
+    policy: Policy,
+    devices: Sequence[DeviceSpec],
+    topology: Topology,
+    workload: Workload,
+    *,
+    placement: str = "cost_model",
+    eviction: str = "cost_aware",
+    progress: Callable[[float], None] | None = None,
+) -> RunMetrics:
+    """Run ``workload`` on ``devices`` under one placement (and eviction) policy."""
+    simulation = _Simulation(policy, devices, topology, workload, placement, eviction)
+    return simulation.run(progress)
