@@ -3,6 +3,10 @@
 Scheduler: decision latency of hetero's scheduler against a naive rescan-and-sort reference at
 100, 1,000 and 10,000 queued tasks (``hetero bench scheduler``).
 
+Scenarios: ref-8xa100, thrash, mixed-fleet and azure-conv simulated under every placement
+policy on identical arrivals (``benchmarks/scenarios/run.py``); tables, JSON and plots go to
+``results/scenarios/<name>/``.
+
 npu runtimes: the same reference graphs on OpenVINO (f32) and ONNX Runtime (CPU provider),
 interleaved in one run so machine noise hits both; the ratio is OpenVINO's median latency over
 ONNX Runtime's.
@@ -47,6 +51,16 @@ def bench_scheduler() -> None:
     run_bench_scheduler(Console(), as_json=False)
 
 
+def bench_scenarios() -> None:
+    """The four simulator scenarios; tables and plots under results/scenarios/."""
+    import runpy
+    from pathlib import Path
+
+    runner = runpy.run_path(str(Path(__file__).parent / "scenarios" / "run.py"))
+    runner["main"]([])
+
+
 if __name__ == "__main__":
     bench_npu_runtimes()
     bench_scheduler()
+    bench_scenarios()

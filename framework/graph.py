@@ -66,12 +66,13 @@ class BandwidthHint:
         """Time for one item: the slower of compute and memory traffic."""
         return max(self.flops_per_item / peak_flops, self.bytes_per_item / bandwidth_bytes_per_s)
 
-    def batch_seconds(self, peak_flops: float, bandwidth_bytes_per_s: float, batch: int) -> float:
+    def batch_seconds(self, peak_flops: float, bandwidth_bytes_per_s: float, batch: float) -> float:
         """Roofline time of a batch: compute scales with it; of the memory traffic, the weights
         (``min(resident_bytes, bytes_per_item)``) are read once per batch and the rest per item.
         This is why batching helps memory-bound stages (LLM decode) and not compute-bound ones;
-        a batch of one is :meth:`roofline_seconds`."""
-        batch = max(batch, 1)
+        a batch of one is :meth:`roofline_seconds`. ``batch`` may be fractional: items of
+        different sizes add up to a number of nominal items."""
+        batch = max(batch, 0.0)
         shared = min(self.resident_bytes, self.bytes_per_item)
         traffic = shared + batch * (self.bytes_per_item - shared)
         return max(batch * self.flops_per_item / peak_flops, traffic / bandwidth_bytes_per_s)

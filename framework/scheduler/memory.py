@@ -61,7 +61,9 @@ class MemoryManager:
         """Bytes not held."""
         return self.capacity - self.used
 
-    def _victims(self, needed: int, now: float) -> tuple[str, ...] | None:
+    def _victims(
+        self, needed: int, now: float, allow_young: frozenset[str] = frozenset()
+    ) -> tuple[str, ...] | None:
         if needed <= self.free:
             return ()
         if self.eviction == "lru":
@@ -71,7 +73,8 @@ class MemoryManager:
             candidates = [
                 r
                 for r in self.resident.values()
-                if r.in_flight == 0 and now - r.loaded_at >= r.min_residency_s
+                if r.in_flight == 0
+                and (r.key in allow_young or now - r.loaded_at >= r.min_residency_s)
             ]
             candidates.sort(
                 key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
@@ -95,13 +98,16 @@ class MemoryManager:
         ]
         return min(times) if times else None
 
-    def plan(self, key: str, size: int, now: float) -> LoadPlan | None:
-        """What making ``key`` resident takes, or None if no room can be made."""
+    def plan(
+        self, key: str, size: int, now: float, *, allow_young: frozenset[str] = frozenset()
+    ) -> LoadPlan | None:
+        """What making ``key`` resident takes, or None if no room can be made. Models named in
+        ``allow_young`` may go even inside their minimum residency."""
         if key in self.resident:
             return LoadPlan(key=key, load=False)
         if size > self.capacity:
             return None
-        victims = self._victims(size, now)
+        victims = self._victims(size, now, allow_young)
         if victims is None:
             return None
         return LoadPlan(key=key, load=True, evict=victims)

@@ -308,16 +308,11 @@ class Scheduler:
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
         # where priority and aging decide what goes next.
         mask &= tables.pending < costs.hint.max_batch
-        while True:
-            chosen = self._choose(task, tables, mask)
-            if chosen is None:
-                return None  # every candidate is full of busy models: wait for a completion
-            index, terms = chosen
-            manager = self.memory[index]
-            plan = manager.plan(costs.key, costs.hint.resident_bytes, now)
-            if plan is not None:
-                break
-            mask[index] = False
+        found = self._find_room(task, tables, mask, now)
+        if found is None:
+            return None  # every candidate is full of busy models: wait for room
+        index, terms, plan = found
+        manager = self.memory[index]
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
@@ -367,6 +362,31 @@ class Scheduler:
         self.stats.counts["evictions"] += len(plan.evict)
         task.attempts += 1
         return Dispatch(task, self.devices[index].id, costs.key, plan, decision, estimate)
+
+    def _find_room(
+        self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float
+    ) -> tuple[int, dict[str, float], LoadPlan] | None:
+        """The best device that can make the model resident, and how.
+
+        Minimum residency stops thrash, but must not starve a model resident nowhere: if no
+        device can take it, a second pass may evict young idle models that have another
+        replica elsewhere (never the last copy of a model, which would only move the thrash).
+        """
+        costs = tables.costs
+        passes = [frozenset[str]()]
+        if not tables.resident.any():
+            passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
+        for allow_young in passes:
+            candidates = mask.copy()
+            while (chosen := self._choose(task, tables, candidates)) is not None:
+                index, terms = chosen
+                plan = self.memory[index].plan(
+                    costs.key, costs.hint.resident_bytes, now, allow_young=allow_young
+                )
+                if plan is not None:
+                    return index, terms, plan
+                candidates[index] = False
+        return None
 
     def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
         reasons = {}
@@ -475,6 +495,12 @@ class Scheduler:
         tables.resident[index] = True
         tables.refresh(index)
         return True
+
+    @property
+    def next_retry_at(self) -> float:
+        """When a stage blocked on memory should be tried again without any completion
+        (infinity when none is waiting): event loops schedule a wake-up for it."""
+        return float(self._retry_blocked_at)
 
     def eligible_devices(self, stage: str, variant: str) -> int:
         """How many devices could ever run this stage variant (healthy or not)."""

@@ -95,6 +95,7 @@ class _Simulation:
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
         self.last_memory_time = 0.0
         self.source = RequestSource(workload)
+        self.wake_at = float("inf")
 
     # --- events ------------------------------------------------------------------------------
 
@@ -124,6 +125,10 @@ class _Simulation:
                 self._batch_done(*payload)  # type: ignore[misc]
             self._dispatch()
             self._start_batches()
+            retry = self.scheduler.next_retry_at
+            if retry != self.wake_at and retry > when and retry != float("inf"):
+                self.wake_at = retry  # a stage waits for a model's minimum residency to end
+                self.push(retry, TIMER, None)
             if progress is not None and self.metrics.events % 2000 == 0:
                 progress(when)
         self.metrics.loads = self.scheduler.stats.counts["loads"]
@@ -281,19 +286,28 @@ class _Simulation:
         if key not in device.loaded:
             duration += float(tables.costs.load_s[index])
             device.loaded.add(key)
-        items = sum(self._scale(d) for d in batch)
+        items = float(sum(self._scale(d) for d in batch))
         peak = device.spec.peak_flops_for(hint.dtype)
         run_s = LAUNCH_OVERHEAD_S + hint.batch_seconds(
             peak, device.spec.memory_bandwidth_bytes_per_s, items
-        )  # type: ignore[arg-type]
+        )
         duration += run_s
         now = self.clock.now()
         for dispatch in batch:
-            if dispatch.task.qos_class == self.lowest_class:
+            if (
+                dispatch.task.qos_class == self.lowest_class
+                and dispatch.task.arrival >= self.workload.spec.warmup_s
+            ):
                 self.metrics.lowest_class_waits.append(now - dispatch.task.enqueued_at)
             run = self.runs.get(int(dispatch.task.request_id))
             stage = self.policy.spec.stages[dispatch.task.stage]
-            if run is not None and stage.modality == "text" and run.request.output_tokens:
+            counted = run is not None and run.request.arrival >= self.workload.spec.warmup_s
+            if (
+                run is not None
+                and counted
+                and stage.modality == "text"
+                and run.request.output_tokens
+            ):
                 total = run.request.text_tokens + run.request.output_tokens
                 prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
                 self.metrics.ttft.append(now + prefill - run.request.arrival)
@@ -318,8 +332,9 @@ class _Simulation:
             if all(sink in run.done for sink in run.pipeline.sinks):
                 del self.runs[run.request.index]
                 latency = now - run.request.arrival
-                self.metrics.latencies.append(latency)
-                self.metrics.latencies_by_class[run.qos].append(latency)
+                if run.request.arrival >= self.workload.spec.warmup_s:
+                    self.metrics.latencies.append(latency)
+                    self.metrics.latencies_by_class[run.qos].append(latency)
                 self.metrics.completed += 1
                 self.metrics.last_completion = now
                 if run.client is not None:

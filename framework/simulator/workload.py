@@ -11,7 +11,8 @@ Kinds of arrival:
   ``azure.route``, with image and audio requests from ``mix`` mixed in at stated ratios.
 
 Synthetic requests are drawn from ``mix`` by weight. Every draw uses ``seed``, so every placement
-policy sees the identical arrival sequence.
+policy sees the identical arrival sequence. Requests arriving before ``warmup_s`` run but are
+left out of the latency figures (models loading onto empty devices is start-up, not service).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class WorkloadSpec(_Frozen):
     name: StrictStr = "workload"
     seed: StrictInt = 0
     duration_s: Positive = 600.0
+    warmup_s: NonNegative = 0.0
     arrivals: Arrivals
     mix: tuple[RequestKind, ...] = ()
     azure: AzureMapping | None = None

@@ -156,3 +156,46 @@ def test_bench_scheduler_json_reports_every_queue_length_side_by_side() -> None:
         "hetero_p50_ratio_10000_vs_100",
         "naive_p50_ratio_10000_vs_100",
     }
+
+
+def test_simulate_prints_policies_side_by_side(tmp_path: Path) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(
+        "name: tiny\nseed: 1\nduration_s: 10\narrivals: {kind: poisson, rate_per_s: 10}\n"
+        "mix:\n  - {route: /v1/embeddings, text_tokens: 256}\n"
+        "  - {route: /v1/audio/transcriptions, audio_seconds: 30}\n"
+    )
+    plot = tmp_path / "p.png"
+    result = hetero(
+        "simulate",
+        "policies/sim/mixed-fleet.yaml",
+        "--workload",
+        str(workload),
+        "--policies",
+        "hetero,round_robin",
+        "--json",
+        "--plot",
+        str(plot),
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["results"]
+    assert [r["policy"] for r in rows] == ["hetero", "round_robin"]
+    assert rows[0]["completed"] == rows[1]["completed"] > 50
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_simulate_bad_input_exits_2(tmp_path: Path) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text("name: x\narrivals: {kind: poisson}\nmix: [{route: /v1/embeddings}]\n")
+    bad = hetero("simulate", "policies/sim/mixed-fleet.yaml", "--workload", str(workload))
+    assert bad.returncode == 2
+    assert f"{workload}:2: arrivals: poisson arrivals need rate_per_s" in bad.stderr
+    unknown = hetero(
+        "simulate",
+        "policies/sim/mixed-fleet.yaml",
+        "--workload",
+        str(workload),
+        "--policies",
+        "fifo",
+    )
+    assert unknown.returncode == 2 and "unknown fifo" in unknown.stderr
