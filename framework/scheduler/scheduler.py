@@ -368,13 +368,14 @@ class Scheduler:
     ) -> tuple[int, dict[str, float], LoadPlan] | None:
         """The best device that can make the model resident, and how.
 
-        Minimum residency stops thrash, but must not starve a model resident nowhere: if no
-        device can take it, a second pass may evict young idle models that have another
-        replica elsewhere (never the last copy of a model, which would only move the thrash).
+        Minimum residency stops thrash, but must not starve a model with no replica free to
+        take the task (none at all, or every one at its batch limit): then a second pass may
+        evict young idle models that have another replica elsewhere (never the last copy of a
+        model, which would only move the thrash).
         """
         costs = tables.costs
         passes = [frozenset[str]()]
-        if not tables.resident.any():
+        if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
         for allow_young in passes:
             candidates = mask.copy()
