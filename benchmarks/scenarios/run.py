@@ -45,6 +45,8 @@ COLUMNS = (
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:.4g}"
     return str(value)

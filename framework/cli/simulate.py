@@ -34,6 +34,8 @@ COLUMNS = (
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return "-" if math.isnan(value) else f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)

@@ -191,6 +191,8 @@ class Scheduler:
         """Queue a task (:class:`QueueFullError` sheds it)."""
         self.queues[task.stage].push(task)
         self._blocked_stages.discard(task.stage)
+        if not self._blocked_stages:
+            self._retry_blocked_at = np.inf
 
     def queued(self) -> int:
         """Tasks waiting in all queues."""
@@ -210,7 +212,7 @@ class Scheduler:
     def set_health(self, device_id: str, healthy: bool) -> None:
         """Take a device out of placement, or put it back."""
         self.healthy[self.fleet.index[device_id]] = healthy
-        self._blocked_stages.clear()
+        self._unblock()
         self._base_masks.clear()
 
     def breaker(self, stage: str, device_id: str) -> DeviceBreaker:
@@ -409,8 +411,7 @@ class Scheduler:
         """Place the highest-priority task across all stages; None when nothing can go now."""
         now = self.clock.now()
         if now >= self._retry_blocked_at:
-            self._blocked_stages.clear()
-            self._retry_blocked_at = np.inf
+            self._unblock()
         while True:
             best: StageQueue | None = None
             best_key = -np.inf
@@ -458,7 +459,7 @@ class Scheduler:
         self.memory[index].end(dispatch.model_key, now)
         if not judge:
             tables.refresh(index)
-            self._blocked_stages.clear()
+            self._unblock()
             return
         if ok and run_s > 0:
             device = self.devices[index]
@@ -478,7 +479,7 @@ class Scheduler:
             self._not_closed[dispatch.task.stage].add(index)
         if breaker.state is not before:
             self.stats.counts[f"breaker_{breaker.state.value}"] += 1
-        self._blocked_stages.clear()
+        self._unblock()
 
     def preload(self, device_id: str, model_key: str) -> bool:
         """Make ``model_key`` resident on ``device_id`` before any work (a warm start). False if
@@ -496,6 +497,11 @@ class Scheduler:
         tables.resident[index] = True
         tables.refresh(index)
         return True
+
+    def _unblock(self) -> None:
+        """Something changed (a completion, health): every blocked stage may try again."""
+        self._blocked_stages.clear()
+        self._retry_blocked_at = np.inf
 
     @property
     def next_retry_at(self) -> float:

@@ -9,7 +9,7 @@ from hetero.framework.policy import Policy
 from hetero.framework.simulator.traces import read_azure, read_trace
 from hetero.framework.simulator.workload import RequestKind, SimRequest, Workload
 
-__all__ = ["RequestSource", "open_loop_requests"]
+__all__ = ["RequestSource", "check_against_policy", "open_loop_requests"]
 
 
 def _from_kind(kind: RequestKind, index: int, arrival: float) -> SimRequest:
@@ -29,9 +29,12 @@ def _from_kind(kind: RequestKind, index: int, arrival: float) -> SimRequest:
 class RequestSource:
     """Draws request kinds from the mix, and arrival gaps, with the workload's seed."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, stream: int | None = None) -> None:
         self.spec = workload.spec
-        self.rng = np.random.default_rng(self.spec.seed)
+        # A closed-loop client draws from its own stream, so its requests do not depend on the
+        # order in which other clients finish (which differs between placement policies).
+        seed = self.spec.seed if stream is None else [self.spec.seed, stream]
+        self.rng = np.random.default_rng(seed)
         weights = np.array([k.weight for k in self.spec.mix], dtype=float)
         self._probabilities = weights / weights.sum() if len(weights) else weights
 
@@ -61,32 +64,46 @@ class RequestSource:
         return float(self.rng.exponential(1.0 / arrivals.rate_per_s))
 
 
+def check_against_policy(workload: Workload, policy: Policy) -> None:
+    """Every route and QoS class the workload names exists in the policy."""
+    spec = workload.spec
+    routes = set(policy.spec.routes)
+    classes = set(policy.spec.qos.classes)
+
+    def fail(key: str, problem: str) -> PolicyValidationError:
+        return PolicyValidationError(str(workload.source), None, key, problem)
+
+    for index, kind in enumerate(spec.mix):
+        if kind.route not in routes:
+            raise fail(f"mix[{index}].route", f"{kind.route!r} is not a route of the policy")
+        if kind.qos is not None and kind.qos not in classes:
+            raise fail(f"mix[{index}].qos", f"{kind.qos!r} is not a QoS class of the policy")
+    if spec.azure is not None:
+        if spec.azure.route not in routes:
+            raise fail("azure.route", f"{spec.azure.route!r} is not a route of the policy")
+        if spec.azure.qos is not None and spec.azure.qos not in classes:
+            raise fail("azure.qos", f"{spec.azure.qos!r} is not a QoS class of the policy")
+
+
 def open_loop_requests(workload: Workload, policy: Policy) -> list[SimRequest]:
     """Every request of a poisson, gamma, trace or azure workload, sorted by arrival."""
     spec = workload.spec
+    check_against_policy(workload, policy)
     routes = set(policy.spec.routes)
-    for index, kind in enumerate(spec.mix):
-        if kind.route not in routes:
-            raise PolicyValidationError(
-                str(workload.source),
-                None,
-                f"mix[{index}].route",
-                f"{kind.route!r} is not a route of the policy",
-            )
     source = RequestSource(workload)
     base = workload.source.parent
     if spec.arrivals.kind == "trace":
         assert spec.arrivals.path is not None
-        return read_trace(base / spec.arrivals.path, routes, spec.arrivals.limit)
+        rows = read_trace(base / spec.arrivals.path, routes, spec.arrivals.limit)
+        classes = set(policy.spec.qos.classes)
+        for row in rows:
+            if row.qos is not None and row.qos not in classes:
+                raise PolicyValidationError(
+                    str(base / spec.arrivals.path), None, "qos", f"{row.qos!r} is not a QoS class"
+                )
+        return [row for row in rows if row.arrival <= spec.duration_s]
     if spec.arrivals.kind == "azure":
         assert spec.arrivals.path is not None and spec.azure is not None
-        if spec.azure.route not in routes:
-            raise PolicyValidationError(
-                str(workload.source),
-                None,
-                "azure.route",
-                f"{spec.azure.route!r} is not a route of the policy",
-            )
         requests = []
         for index, (arrival, context, generated) in enumerate(
             read_azure(base / spec.arrivals.path, spec.arrivals.limit)

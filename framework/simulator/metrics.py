@@ -23,6 +23,8 @@ class RunMetrics:
     latencies: list[float] = field(default_factory=list)
     latencies_by_class: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     deadlines: dict[str, float] = field(default_factory=dict)
+    offered_by_class: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    warmup_s: float = 0.0
     ttft: list[float] = field(default_factory=list)
     lowest_class_waits: list[float] = field(default_factory=list)
     completed: int = 0
@@ -46,16 +48,23 @@ class RunMetrics:
             self.observed_time += dt
 
     def summary(self) -> dict[str, Any]:
-        """The figures the issue asks for, per policy."""
+        """The figures the issue asks for, per policy. Latency figures, attainment, loads and
+        throughput cover requests arriving after the warm-up; figures with nothing to measure
+        are None (JSON null)."""
         lat = self.latencies
-        span = max(self.last_completion - self.first_arrival, 1e-9)
+        start = max(self.first_arrival, self.warmup_s)
+        span = self.last_completion - start
         p50, p99 = _percentile(lat, 50), _percentile(lat, 99)
+        # On time over offered: shed and failed requests count as misses.
         attainment = {
-            qos: float(np.mean([v <= self.deadlines[qos] for v in values])) if values else None
-            for qos, values in sorted(self.latencies_by_class.items())
+            qos: sum(v <= self.deadlines[qos] for v in self.latencies_by_class.get(qos, []))
+            / offered
+            for qos, offered in sorted(self.offered_by_class.items())
+            if offered
         }
-        hours = span / 3600.0
-        return {
+        hours = span / 3600.0 if span > 0 else None
+        measured = len(lat)
+        figures = {
             "policy": self.policy,
             "completed": self.completed,
             "shed": self.shed,
@@ -68,16 +77,17 @@ class RunMetrics:
             "ttft_p50_ms": _percentile(self.ttft, 50) * 1e3,
             "ttft_p99_ms": _percentile(self.ttft, 99) * 1e3,
             "slo_attainment": attainment,
-            "lowest_class_max_wait_s": max(self.lowest_class_waits, default=0.0),
+            "lowest_class_max_wait_s": max(self.lowest_class_waits, default=float("nan")),
             "memory_utilisation_std_pct": 100.0 * self.memory_std_integral / self.observed_time
             if self.observed_time
             else 0.0,
             "model_loads": self.loads,
             "model_evictions": self.evictions,
-            "loads_per_hour": self.loads / hours if hours else 0.0,
+            "loads_per_hour": self.loads / hours if hours else float("nan"),
             "breaker_trips": self.breaker_trips,
-            "throughput_rps": self.completed / span,
-            "simulated_s": span,
+            "throughput_rps": measured / span if span > 0 else float("nan"),
+            "simulated_s": self.last_completion,
             "wall_s": self.wall_s,
             "events": self.events,
         }
+        return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in figures.items()}

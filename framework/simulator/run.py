@@ -34,7 +34,11 @@ from hetero.framework.scheduler import (
     StageTask,
     VirtualClock,
 )
-from hetero.framework.simulator.arrivals import RequestSource, open_loop_requests
+from hetero.framework.simulator.arrivals import (
+    RequestSource,
+    check_against_policy,
+    open_loop_requests,
+)
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
 from hetero.framework.stages import Pipeline
@@ -54,6 +58,7 @@ class _RequestRun:
     client: int | None
     done: dict[str, OutputHandle] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
+    tasks: list[StageTask] = field(default_factory=list)
 
 
 @dataclass
@@ -94,8 +99,9 @@ class _Simulation:
         self.lowest_class = min(spec.qos.classes, key=lambda q: spec.qos.classes[q].weight)
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
         self.last_memory_time = 0.0
-        self.source = RequestSource(workload)
+        self.clients: dict[int, RequestSource] = {}
         self.wake_at = float("inf")
+        self.loads_at_warmup: int | None = None
 
     # --- events ------------------------------------------------------------------------------
 
@@ -105,6 +111,8 @@ class _Simulation:
     def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
         started = time.perf_counter()
         spec = self.workload.spec
+        check_against_policy(self.workload, self.policy)
+        self.metrics.warmup_s = spec.warmup_s
         if spec.arrivals.kind == "closed_loop":
             assert spec.arrivals.clients is not None
             for client in range(spec.arrivals.clients):
@@ -116,6 +124,8 @@ class _Simulation:
         self.last_memory_time = self.metrics.first_arrival
         while self.events:
             when, _, kind, payload = heapq.heappop(self.events)
+            if self.loads_at_warmup is None and when >= spec.warmup_s:
+                self.loads_at_warmup = self.scheduler.stats.counts["loads"]
             self._observe_memory(when)
             self.clock.advance_to(when)
             self.metrics.events += 1
@@ -131,13 +141,16 @@ class _Simulation:
                 self.push(retry, TIMER, None)
             if progress is not None and self.metrics.events % 2000 == 0:
                 progress(when)
-        self.metrics.loads = self.scheduler.stats.counts["loads"]
+        self.metrics.loads = self.scheduler.stats.counts["loads"] - (self.loads_at_warmup or 0)
         self.metrics.evictions = self.scheduler.stats.counts["evictions"]
         self.metrics.breaker_trips = self.scheduler.stats.counts["breaker_open"]
         self.metrics.wall_s = time.perf_counter() - started
         return self.metrics
 
     def _observe_memory(self, when: float) -> None:
+        if when < self.workload.spec.warmup_s:
+            self.last_memory_time = when
+            return
         used = np.array([m.used for m in self.scheduler.memory], dtype=float)
         self.metrics.observe_memory(used / self.capacity, when - self.last_memory_time)
         self.last_memory_time = when
@@ -146,7 +159,9 @@ class _Simulation:
         spec = self.workload.spec
         if now > spec.duration_s:
             return
-        kind = self.source.kind()
+        if client not in self.clients:
+            self.clients[client] = RequestSource(self.workload, stream=client)
+        kind = self.clients[client].kind()
         request = SimRequest(
             index=next(self.sequence),
             arrival=now + spec.arrivals.think_time_s,
@@ -166,6 +181,8 @@ class _Simulation:
         spec = self.policy.spec
         qos = request.qos or spec.qos.default_class
         deadline = self.metrics.deadlines[qos]
+        if request.arrival >= self.workload.spec.warmup_s:
+            self.metrics.offered_by_class[qos] += 1
         profile = RequestProfile(
             text_tokens=request.text_tokens + request.output_tokens,
             image_pixels=request.images * request.image_pixels,
@@ -184,13 +201,22 @@ class _Simulation:
         )
         self.runs[request.index] = run
         if not self._enqueue_ready(run):
-            del self.runs[request.index]
+            self._drop(run)
             self._shed(client)
+
+    def _drop(self, run: _RequestRun) -> None:
+        """Forget a request that will not finish and cancel its queued steps."""
+        self.runs.pop(run.request.index, None)
+        for task in run.tasks:
+            self.scheduler.cancel(task)
+
+    def _back_off(self, client: int | None) -> None:
+        if client is not None:  # a refused closed-loop client waits a second and tries again
+            self._next_closed_loop(client, self.clock.now() + 1.0)
 
     def _shed(self, client: int | None) -> None:
         self.metrics.shed += 1
-        if client is not None:  # a closed-loop client backs off one second and tries again
-            self._next_closed_loop(client, self.clock.now() + 1.0)
+        self._back_off(client)
 
     def _enqueue_ready(self, run: _RequestRun) -> bool:
         stages = self.policy.spec.stages
@@ -216,15 +242,17 @@ class _Simulation:
             except ShedError:
                 return False
             run.started.add(step)
+            run.tasks.append(task)
         return True
 
     def _dispatch(self) -> None:
         while (outcome := self.scheduler.dispatch()) is not None:
             if isinstance(outcome, Rejection):
-                run = self.runs.pop(int(outcome.task.request_id), None)
-                self.metrics.failed += 1
-                if run is not None and run.client is not None:
-                    self._next_closed_loop(run.client, self.clock.now())
+                run = self.runs.get(int(outcome.task.request_id))
+                if run is not None:
+                    self._drop(run)
+                    self.metrics.failed += 1
+                    self._back_off(run.client)
                 continue
             device = self.devices[outcome.device_id]
             for victim in outcome.load.evict:
@@ -266,7 +294,8 @@ class _Simulation:
         )
         if request is None:
             return 1.0
-        nominal = self.workload.spec.nominal
+        spec = self.workload.spec
+        nominal = spec.stage_nominal.get(dispatch.task.stage, spec.nominal)
         modality = self.policy.spec.stages[dispatch.task.stage].modality
         if modality == "image" and request.images:
             pixels = request.image_pixels or nominal.image_pixels
@@ -278,6 +307,24 @@ class _Simulation:
             return tokens / nominal.text_tokens
         return 1.0
 
+    def _transfer_s(self, dispatch: Dispatch, dst: int) -> float:
+        """Time to bring a task's inputs to device ``dst``: from the devices that hold them
+        (topology routes), or from the host for a first step."""
+        fleet = self.scheduler.fleet
+        if not dispatch.task.inputs:
+            hint = self.scheduler.tables[dispatch.model_key].costs.hint
+            size = hint.input_bytes * self._scale(dispatch)
+            return float(size * fleet.ingress_inverse_bandwidth[dst])
+        total = 0.0
+        for handle in dispatch.task.inputs:
+            src = fleet.index[handle.device_id]
+            if src != dst:
+                total += float(
+                    fleet.route_latency[src, dst]
+                    + handle.size_bytes * fleet.route_inverse_bandwidth[src, dst]
+                )
+        return total
+
     def _start(self, device: _DeviceSim, key: str, batch: list[Dispatch]) -> None:
         tables = self.scheduler.tables[key]
         hint = tables.costs.hint
@@ -287,6 +334,8 @@ class _Simulation:
             duration += float(tables.costs.load_s[index])
             device.loaded.add(key)
         items = float(sum(self._scale(d) for d in batch))
+        # Inputs move before compute, in parallel: the slowest one counts.
+        duration += max(self._transfer_s(d, index) for d in batch)
         peak = device.spec.peak_flops_for(hint.dtype)
         run_s = LAUNCH_OVERHEAD_S + hint.batch_seconds(
             peak, device.spec.memory_bandwidth_bytes_per_s, items
@@ -324,10 +373,9 @@ class _Simulation:
             run = self.runs.get(int(dispatch.task.request_id))
             if run is None:
                 continue
+            hint = self.scheduler.tables[dispatch.model_key].costs.hint
             run.done[dispatch.task.step] = OutputHandle(
-                device_id,
-                None,
-                self.policy.spec.stages[dispatch.task.stage].variants["full"].output_bytes,
+                device_id, None, int(hint.output_bytes * self._scale(dispatch))
             )
             if all(sink in run.done for sink in run.pipeline.sinks):
                 del self.runs[run.request.index]
@@ -340,7 +388,7 @@ class _Simulation:
                 if run.client is not None:
                     self._next_closed_loop(run.client, now)
             elif not self._enqueue_ready(run):
-                del self.runs[run.request.index]
+                self._drop(run)
                 self._shed(run.client)
 
 

@@ -73,7 +73,9 @@ class AzureMapping(_Frozen):
 
 
 class Nominal(_Frozen):
-    """The request size a stage's BandwidthHint describes: work scales from it."""
+    """The request size a stage's BandwidthHint describes: work scales from it. ``nominal``
+    sets it for every stage; ``stage_nominal`` per stage (an embedder's hint may describe 256
+    tokens where the LLM's describes 768)."""
 
     text_tokens: Positive = 768.0
     image_pixels: Positive = 336.0 * 336.0
@@ -91,6 +93,7 @@ class WorkloadSpec(_Frozen):
     mix: tuple[RequestKind, ...] = ()
     azure: AzureMapping | None = None
     nominal: Nominal = Nominal()
+    stage_nominal: Mapping[StrictStr, Nominal] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +158,10 @@ def _check(spec: WorkloadSpec, located: object) -> None:
         raise located.error(("mix",), f"{kind} arrivals draw requests from mix: give at least one")
     if kind == "azure" and spec.azure is None:
         raise located.error(("azure",), "azure arrivals need the azure mapping (route, ratios)")
+    if spec.azure is not None:
+        if spec.azure.image_ratio + spec.azure.audio_ratio > 1:
+            raise located.error(("azure",), "image_ratio + audio_ratio must not exceed 1")
+        if spec.azure.image_ratio and not any(k.images for k in spec.mix):
+            raise located.error(("azure", "image_ratio"), "needs a mix entry with images")
+        if spec.azure.audio_ratio and not any(k.audio_seconds for k in spec.mix):
+            raise located.error(("azure", "audio_ratio"), "needs a mix entry with audio_seconds")

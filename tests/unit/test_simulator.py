@@ -197,3 +197,53 @@ def test_a_mix_route_the_policy_lacks_is_named(tmp_path: Path) -> None:
     policy, _, workload = setup(tmp_path, WORKLOAD.replace("route: /chat", "route: /talk"))
     with pytest.raises(PolicyValidationError, match="'/talk' is not a route"):
         open_loop_requests(workload, policy)  # type: ignore[arg-type]
+
+
+def test_a_route_no_device_can_serve_fails_fast_without_hanging(tmp_path: Path) -> None:
+    npu_only = POLICY.replace(
+        "  llm:\n    modality: text\n", "  llm:\n    modality: text\n    device_classes: [npu]\n"
+    )
+    closed = WORKLOAD.replace(
+        "arrivals: {kind: poisson, rate_per_s: 20}", "arrivals: {kind: closed_loop, clients: 3}"
+    )
+    policy, fleet, workload = setup(tmp_path, closed, npu_only)
+    metrics = simulate(policy, fleet.devices, fleet.topology(), workload)  # type: ignore[attr-defined]
+    assert metrics.failed > 0  # refused requests back off one second: virtual time moves on
+    assert metrics.summary()["slo_attainment"]["standard"] == 0.0  # failures are misses
+
+
+def test_sheds_count_as_slo_misses_and_json_has_no_nan(tmp_path: Path) -> None:
+    import json
+
+    heavy = WORKLOAD.replace("rate_per_s: 20", "rate_per_s: 2000").replace(
+        "duration_s: 30", "duration_s: 2"
+    )
+    policy, fleet, workload = setup(tmp_path, heavy)
+    summary = simulate(policy, fleet.devices, fleet.topology(), workload).summary()  # type: ignore[attr-defined]
+    assert summary["shed"] > 0
+    assert summary["slo_attainment"]["standard"] < 1.0
+    json.loads(json.dumps(summary), parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("route: /chat, weight: 1, qos: batch", "route: /chat, weight: 1, qos: gold"),
+            "'gold' is not a QoS class",
+        ),
+        (
+            (
+                "arrivals: {kind: poisson, rate_per_s: 20}",
+                "arrivals: {kind: azure, path: t.csv}\nazure: {route: /chat, audio_ratio: 0.2}",
+            ),
+            "needs a mix entry with audio_seconds",
+        ),
+    ],
+)
+def test_workload_names_checked_against_the_policy(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    with pytest.raises(PolicyValidationError, match=message):
+        policy, fleet, workload = setup(tmp_path, WORKLOAD.replace(*edit))
+        simulate(policy, fleet.devices, fleet.topology(), workload)  # type: ignore[attr-defined]
