@@ -102,6 +102,7 @@ class _Simulation:
         self.clients: dict[int, RequestSource] = {}
         self.wake_at = float("inf")
         self.loads_at_warmup: int | None = None
+        self.evictions_at_warmup = 0
 
     # --- events ------------------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class _Simulation:
             when, _, kind, payload = heapq.heappop(self.events)
             if self.loads_at_warmup is None and when >= spec.warmup_s:
                 self.loads_at_warmup = self.scheduler.stats.counts["loads"]
+                self.evictions_at_warmup = self.scheduler.stats.counts["evictions"]
             self._observe_memory(when)
             self.clock.advance_to(when)
             self.metrics.events += 1
@@ -142,7 +144,7 @@ class _Simulation:
             if progress is not None and self.metrics.events % 2000 == 0:
                 progress(when)
         self.metrics.loads = self.scheduler.stats.counts["loads"] - (self.loads_at_warmup or 0)
-        self.metrics.evictions = self.scheduler.stats.counts["evictions"]
+        self.metrics.evictions = self.scheduler.stats.counts["evictions"] - self.evictions_at_warmup
         self.metrics.breaker_trips = self.scheduler.stats.counts["breaker_open"]
         self.metrics.wall_s = time.perf_counter() - started
         return self.metrics
