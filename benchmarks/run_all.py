@@ -60,7 +60,17 @@ def bench_scenarios() -> None:
     runner["main"]([])
 
 
+def bench_cache() -> None:
+    """Feature cache tiers against raw redis-py and diskcache reads (``hetero bench cache``)."""
+    from rich.console import Console
+
+    from hetero.framework.cli.bench import run_bench_cache
+
+    run_bench_cache(Console(), as_json=False)
+
+
 if __name__ == "__main__":
     bench_npu_runtimes()
     bench_scheduler()
+    bench_cache()
     bench_scenarios()

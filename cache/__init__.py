@@ -1,4 +1,8 @@
-"""The three-tier feature cache (memory, Redis, disk) behind a Bloom filter.
+"""The three-tier feature cache: memory, local disk and Redis behind a Bloom filter, with
+single-flight and encryption for sensitive partitions."""
 
-Reserved import name: the cache arrives with its own issue; nothing here yet.
-"""
+from hetero.cache.feature_cache import FeatureCache
+from hetero.cache.keys import FeatureKey, content_digest, feature_key
+from hetero.cache.metrics import CacheMetrics
+
+__all__ = ["CacheMetrics", "FeatureCache", "FeatureKey", "content_digest", "feature_key"]

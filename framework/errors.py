@@ -26,6 +26,10 @@ library still catch what they expect. Errors carry their context as attributes.
     │   ├── NoEligibleDeviceError                                   .stage .reasons
     │   ├── UnknownRouteError(SchedulingError, KeyError)            .route
     │   └── RequestTimeoutError(SchedulingError, TimeoutError)      .request_id
+    ├── CacheError
+    │   ├── CacheValueError(CacheError, TypeError)                 .value_type
+    │   ├── CacheKeyError(CacheError, ValueError)                   .part
+    │   └── CorruptEntryError(CacheError, ValueError)               .tier (read as a miss)
     └── DeviceError
         ├── UnknownDeviceError(DeviceError, KeyError)               .device
         ├── DeviceUnhealthyError(DeviceError, RuntimeError)         .device .reason
@@ -40,7 +44,11 @@ __all__ = [
     "BackendError",
     "BackendLoadError",
     "BackendUnavailableError",
+    "CacheError",
+    "CacheKeyError",
+    "CacheValueError",
     "CompileError",
+    "CorruptEntryError",
     "CyclicPipelineError",
     "DeviceError",
     "DeviceUnhealthyError",
@@ -246,6 +254,38 @@ class RequestTimeoutError(SchedulingError, TimeoutError):
     def __init__(self, request_id: str, timeout_s: float) -> None:
         self.request_id = request_id
         super().__init__(f"request {request_id} timed out after {timeout_s:.3f} s")
+
+
+class CacheError(HeteroError):
+    """The feature cache refused an operation."""
+
+
+class CacheValueError(CacheError, TypeError):
+    """A value the cache cannot store without pickle."""
+
+    def __init__(self, value_type: str, detail: str = "") -> None:
+        self.value_type = value_type
+        extra = f": {detail}" if detail else ""
+        super().__init__(
+            f"cannot cache a {value_type}{extra} (numpy arrays of numeric dtypes, or JSON-able "
+            "dicts, lists, strings, numbers, booleans and None)"
+        )
+
+
+class CacheKeyError(CacheError, ValueError):
+    """A cache key is missing a part."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        super().__init__(f"cache key is missing its {part}")
+
+
+class CorruptEntryError(CacheError, ValueError):
+    """Bytes in a tier that do not decode: treated as a miss and removed."""
+
+    def __init__(self, tier: str, problem: str) -> None:
+        self.tier = tier
+        super().__init__(f"{tier}: corrupt cache entry: {problem}")
 
 
 class DeviceError(HeteroError):

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from hetero.framework import envs
-from hetero.framework.cli.bench import run_bench_scheduler
+from hetero.framework.cli.bench import run_bench_cache, run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.cli.simulate import run_simulate
 from hetero.framework.errors import HeteroError, PolicyValidationError
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", help="show the devices this policy uses (its simulated fleet), with topology"
     )
     bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
-    bench.add_argument("target", choices=["scheduler"], help="what to measure")
+    bench.add_argument("target", choices=["scheduler", "cache"], help="what to measure")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     simulate = commands.add_parser(
         "simulate", help="simulate placement policies side by side on a workload"
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":
             return run_devices(out, registry, args.json)
+        if args.command == "bench" and args.target == "cache":
+            return run_bench_cache(out, args.json)
         if args.command == "bench":
             return run_bench_scheduler(out, args.json)
         if args.command == "simulate":

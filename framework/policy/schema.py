@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -296,11 +297,25 @@ class DiskTier(_Frozen):
     max_bytes: PositiveBytes = 2 * 2**30
 
 
+def _redis_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in {"redis", "rediss", "unix"}:
+        raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ValueError(f"expected a host in the Redis URL, got {value!r}")
+    try:
+        parts.port  # noqa: B018 - parsing the port validates it
+    except ValueError as err:
+        raise ValueError(f"bad port in the Redis URL {value!r}: {err}") from None
+    return value
+
+
 class RedisTier(_Frozen):
     """L2: Redis, shared by workers and hosts."""
 
     enabled: StrictBool = False
-    url: Name = "redis://127.0.0.1:6379/0"
+    url: Annotated[Name, AfterValidator(_redis_url)] = "redis://127.0.0.1:6379/0"
+    timeout_ms: PositiveFloat = 50.0
 
 
 class BloomConfig(_Frozen):

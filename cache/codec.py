@@ -1,0 +1,81 @@
+"""Values to bytes and back, without pickle: numpy arrays and JSON-able results.
+
+Layout: ``b"HFC1"`` | kind (``N`` array, ``J`` JSON) | CRC32 of the body | body. An array body
+is its dtype string, its shape and its raw bytes (C order); object dtypes are refused. A checksum
+that does not match, or bytes that do not parse, raise :class:`CorruptEntryError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from hetero.framework.errors import CacheValueError, CorruptEntryError
+
+__all__ = ["decode", "encode"]
+
+MAGIC = b"HFC1"
+_HEADER = struct.Struct("<4scI")
+
+
+def encode(value: Any) -> bytes:
+    """Serialise a numpy array or a JSON-able value."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:  # pickle would be needed: refused
+            raise CacheValueError("numpy array of objects")
+        dtype = value.dtype.str.encode()
+        array = np.ascontiguousarray(value)
+        body: bytes = (
+            struct.pack("<B", len(dtype))
+            + dtype
+            + struct.pack("<B", array.ndim)
+            + struct.pack(f"<{array.ndim}Q", *array.shape)
+            + array.tobytes()
+        )
+        kind = b"N"
+    else:
+        try:
+            body = json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as err:
+            raise CacheValueError(type(value).__name__, str(err)) from err
+        kind = b"J"
+    return _HEADER.pack(MAGIC, kind, zlib.crc32(body)) + body
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(spelled: bytes) -> np.dtype[Any]:
+    dtype = np.dtype(spelled.decode())
+    if dtype.hasobject:
+        raise ValueError("object dtype")
+    return dtype
+
+
+def decode(blob: bytes, tier: str = "cache") -> Any:
+    """The value :func:`encode` serialised; :class:`CorruptEntryError` for anything else."""
+    if len(blob) < _HEADER.size:
+        raise CorruptEntryError(tier, "too short")
+    magic, kind, checksum = _HEADER.unpack_from(blob)
+    body = memoryview(blob)[_HEADER.size :]
+    if magic != MAGIC:
+        raise CorruptEntryError(tier, "bad magic")
+    if zlib.crc32(body) != checksum:
+        raise CorruptEntryError(tier, "checksum mismatch")
+    try:
+        if kind == b"J":
+            return json.loads(bytes(body))
+        if kind == b"N":
+            dtype_len = body[0]
+            dtype = _dtype(bytes(body[1 : 1 + dtype_len]))
+            ndim = body[1 + dtype_len]
+            start = 2 + dtype_len
+            shape = struct.unpack_from(f"<{ndim}Q", body, start) if ndim else ()
+            # Read-only and shared with the cached bytes: callers get a view, never a copy.
+            return np.frombuffer(body[start + 8 * ndim :], dtype=dtype).reshape(shape)
+    except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError) as err:
+        raise CorruptEntryError(tier, str(err)) from err
+    raise CorruptEntryError(tier, f"unknown kind {kind!r}")

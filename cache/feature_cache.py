@@ -1,0 +1,327 @@
+"""The feature cache: L1 memory, then local disk and Redis in measured cost order, behind a
+Bloom filter, with single-flight and encryption for entries derived from sensitive partitions.
+
+Reads ask the tiers in order of measured cost, not by name: at start-up each lower tier is timed
+on a probe value, and every read keeps a moving average per tier, so a slow disk or a fast Redis
+reorders them. A hit promotes the entry to the faster tiers; writes go through to every tier;
+TTLs carry jitter so entries written together do not expire together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hetero.cache.bloom import GenerationalBloom
+from hetero.cache.codec import decode, encode
+from hetero.cache.disk_tier import DiskTier
+from hetero.cache.keys import PREFIX, FeatureKey
+from hetero.cache.memory_tier import MemoryTier
+from hetero.cache.metrics import CacheMetrics
+from hetero.cache.redis_tier import RedisTier
+from hetero.cache.singleflight import SingleFlight
+from hetero.framework.cipher import Cipher
+from hetero.framework.errors import CacheError
+from hetero.framework.policy.schema import CacheConfig
+
+__all__ = ["FeatureCache"]
+
+logger = logging.getLogger(__name__)
+
+PROBE_READS = 15
+SMOOTHING = 0.2
+SAMPLE_EVERY = 16
+
+
+class _Tier(Protocol):
+    name: str
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class FeatureCache:
+    """Stage outputs by content, shared by workers and hosts.
+
+    Args:
+        config: The policy's ``cache`` section.
+        sensitive: Partitions whose entries are sensitive.
+        cipher_for: The cipher of a sensitive partition (the sandbox's envelope encryption).
+        metrics: Where to count (a fresh registry by default).
+        directory: Overrides ``config.disk.path`` (tests).
+    """
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        *,
+        sensitive: frozenset[str] = frozenset(),
+        cipher_for: Callable[[str], Cipher | None] | None = None,
+        metrics: CacheMetrics | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.sensitive = sensitive
+        self._cipher_for = cipher_for or (lambda partition: None)
+        self.metrics = metrics or CacheMetrics()
+        self.memory = (
+            MemoryTier(
+                config.memory.max_bytes,
+                expected_entries=min(config.bloom.expected_entries, 100_000),
+            )
+            if config.memory.enabled
+            else None
+        )
+        self.disk = (
+            DiskTier(directory or Path(os.path.expanduser(config.disk.path)), config.disk.max_bytes)
+            if config.disk.enabled
+            else None
+        )
+        self.redis = (
+            RedisTier(config.redis.url, config.redis.timeout_ms / 1000.0)
+            if config.redis.enabled
+            else None
+        )
+        rotate = config.ttl_s * (1 + config.ttl_jitter)
+        self.bloom = GenerationalBloom(
+            config.bloom.expected_entries, config.bloom.false_positive_rate, rotate
+        )
+        self.single_flight = SingleFlight(self.redis.raw() if self.redis is not None else None)
+        self._lower: list[_Tier] = [t for t in (self.disk, self.redis) if t is not None]
+        self._cost: dict[str, float] = {}
+        self._reads = 0
+        # Labelled children bound once: a label lookup per read costs more than the read.
+        m = self.metrics
+        self._hit = {name: m.hits.labels(name) for name in ("memory", "disk", "redis")}
+        self._latency = {name: m.latency.labels(name) for name in ("memory", "disk", "redis")}
+        self._plain = not sensitive
+        self._measure_tiers()
+        self._warm_bloom()
+        if self.redis is not None:
+            self.bloom.share_through(self.redis.raw())
+
+    # --- tier order ----------------------------------------------------------------------
+
+    def _measure_tiers(self) -> None:
+        probe = FeatureKeyProbe.make()
+        blob = encode(np.zeros(1280, np.float32))  # a 5 KB embedding
+        for tier in self._lower:
+            self._write(tier, probe, blob, ttl_s=60.0)
+            samples = []
+            for _ in range(PROBE_READS):
+                started = time.perf_counter()
+                tier.get(probe.text)
+                samples.append(time.perf_counter() - started)
+            tier.delete(probe.text)
+            self._cost[tier.name] = statistics.median(samples)
+        self._order()
+        logger.info("cache tiers by measured cost: %s", [t.name for t in self._lower])
+
+    def _order(self) -> None:
+        self._lower.sort(key=lambda tier: self._cost.get(tier.name, float("inf")))
+
+    def tier_order(self) -> list[str]:
+        """The tiers in the order reads ask them."""
+        return (["memory"] if self.memory is not None else []) + [t.name for t in self._lower]
+
+    def _warm_bloom(self) -> None:
+        limit = self.config.bloom.expected_entries
+        keys: list[Any] = []
+        if self.disk is not None:
+            keys += self.disk.keys()[:limit]
+        if self.redis is not None:
+            keys += self.redis.scan_keys(f"{PREFIX}:*", limit)
+        digests = []
+        for key in keys:
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            try:
+                digests.append(bytes.fromhex(text.rsplit(":", 1)[1]))
+            except (ValueError, IndexError):
+                continue
+        self.bloom.add_many(digests)
+
+    # --- sensitive entries ---------------------------------------------------------------
+
+    def _protection(self, key: FeatureKey) -> tuple[bool, Cipher | None]:
+        """(cacheable, cipher) for the key's partition."""
+        if self._plain or key.partition is None or key.partition not in self.sensitive:
+            return True, None
+        if self.config.sensitive == "skip":
+            return False, None
+        cipher = self._cipher_for(key.partition)
+        if cipher is None:
+            raise CacheError(
+                f"partition {key.partition!r} is sensitive and the policy says encrypt, "
+                "but no cipher is available for it"
+            )
+        return True, cipher
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def get(self, key: FeatureKey) -> Any | None:
+        """The cached value, or None."""
+        if not self.config.enabled:
+            return None
+        cacheable, cipher = self._protection(key)
+        if not cacheable:
+            return None
+        if self.memory is not None:
+            value = self.memory.get(key.digest, time.monotonic())
+            if value is not None:
+                self._hit["memory"].inc()
+                return value
+        if not self.bloom.might_contain(key.digest):
+            self.metrics.bloom_negatives.inc()
+            return None
+        value = self._from_lower(key, cipher)
+        if value is None:
+            self.metrics.misses.inc()
+        return value
+
+    def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
+        faster: list[_Tier] = []
+        self._reads += 1
+        sampled = self._reads % SAMPLE_EVERY == 0  # costs are tracked on a sample of reads
+        for tier in self._lower:
+            if sampled:
+                started = time.perf_counter()
+                blob = tier.get(key.text)
+                elapsed = time.perf_counter() - started
+                self._latency[tier.name].observe(elapsed)
+                previous = self._cost.get(tier.name, elapsed)
+                self._cost[tier.name] = previous + SMOOTHING * (elapsed - previous)
+            else:
+                blob = tier.get(key.text)
+            if blob is None:
+                faster.append(tier)
+                continue
+            try:
+                value = decode(
+                    cipher.decrypt(blob, key.text.encode()) if cipher else blob, tier.name
+                )
+            except Exception as err:  # a corrupt or tampered entry is a miss, and goes
+                self.metrics.corrupt.labels(tier.name).inc()
+                logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
+                tier.delete(key.text)
+                faster.append(tier)
+                continue
+            self._hit[tier.name].inc()
+            if faster or self.memory is not None:
+                ttl = self._ttl()
+                for upper in faster:
+                    self._write(upper, key, blob, ttl)
+                if self.memory is not None:
+                    self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
+            if sampled:
+                self._order()
+            return value
+        if sampled:
+            self._order()
+        return None
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def _ttl(self) -> float:
+        return self.config.ttl_s * (1 + random.uniform(0, self.config.ttl_jitter))
+
+    def _write(self, tier: _Tier, key: FeatureKey, blob: bytes, ttl_s: float) -> None:
+        if isinstance(tier, DiskTier):
+            tier.put(key.text, blob, ttl_s, key.content)
+        elif isinstance(tier, RedisTier):
+            tier.put(key.text, blob, ttl_s, key.content, key.partition)
+
+    def put(self, key: FeatureKey, value: Any) -> None:
+        """Store ``value`` in every tier (encrypted for a sensitive partition)."""
+        cacheable, cipher = self._protection(key)
+        if not self.config.enabled or not cacheable:
+            return
+        blob = encode(value)
+        if cipher is not None:
+            blob = cipher.encrypt(blob, key.text.encode())
+        ttl = self._ttl()
+        if self.memory is not None:
+            before = self.memory.evictions
+            self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
+            self.metrics.evictions.labels("memory").inc(self.memory.evictions - before)
+        for tier in self._lower:
+            self._write(tier, key, blob, ttl)
+        self.bloom.add(key.digest)
+
+    def get_or_compute(self, key: FeatureKey, compute: Callable[[], Any]) -> Any:
+        """The cached value, or ``compute()`` once however many callers miss together."""
+        value = self.get(key)
+        if value is not None:
+            return value
+        cacheable, _ = self._protection(key)
+        if not cacheable or not self.config.enabled:
+            self.metrics.computations.inc()
+            return compute()
+        waits_before = self.single_flight.waits
+
+        def computed() -> Any:
+            self.metrics.computations.inc()
+            return compute()
+
+        result = self.single_flight.run(
+            key.text,
+            computed,
+            lambda: self._from_lower(key, self._protection(key)[1]),
+            lambda v: self.put(key, v),
+        )
+        self.metrics.singleflight_waits.inc(self.single_flight.waits - waits_before)
+        return result
+
+    # --- erasure ---------------------------------------------------------------------------
+
+    def erase_content(self, content: str) -> int:
+        """Remove every entry derived from one piece of content, from every tier."""
+        removed = 0
+        if self.memory is not None:
+            self.memory.clear()  # digests do not say their content; L1 is rebuilt from below
+        if self.disk is not None:
+            removed += self.disk.erase_content(content)
+        if self.redis is not None:
+            removed += self.redis.erase_content(content)
+        return removed
+
+    def erase_partition(self, partition: str) -> int:
+        """Remove every entry of one partition, from every tier."""
+        removed = 0
+        if self.memory is not None:
+            self.memory.clear()
+        if self.disk is not None:
+            removed += self.disk.erase_prefix(f"{PREFIX}:{partition}:")
+        if self.redis is not None:
+            removed += self.redis.erase_partition(partition)
+        return removed
+
+    def refresh_gauges(self) -> None:
+        """Bytes per tier, for /metrics."""
+        if self.memory is not None:
+            self.metrics.bytes.labels("memory").set(self.memory.size_bytes)
+        if self.disk is not None:
+            self.metrics.bytes.labels("disk").set(self.disk.size_bytes)
+
+    def close(self) -> None:
+        """Stop the Bloom subscriber, close the disk index."""
+        self.bloom.close()
+        if self.disk is not None:
+            self.disk.close()
+
+
+class FeatureKeyProbe:
+    """The key of the start-up timing probe."""
+
+    @staticmethod
+    def make() -> FeatureKey:
+        digest = os.urandom(32)
+        return FeatureKey(digest=digest, content="probe", stage="probe", partition="-probe")
