@@ -93,7 +93,8 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         console.print(f"{name}: {ratio:.2f}x")
     rates = results["l1_hit_rate"]
     console.print(
-        f"L1 hit rate on a skewed stream with scans: TinyLFU {rates['tinylfu']:.3f}, LRU {rates['lru']:.3f}"
+        f"L1 hit rate on a skewed stream with scans: TinyLFU {rates['tinylfu']:.3f}, "
+        f"LRU {rates['lru']:.3f}"
     )
     if isinstance(results.get("redis"), str):
         console.print(f"redis: {results['redis']}")
