@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ class DiskTier:
 
     name = "disk"
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, max_bytes: int, on_error: Callable[[], None] = lambda: None
+    ) -> None:
         import diskcache
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -35,6 +38,7 @@ class DiskTier:
             str(directory), size_limit=max_bytes, eviction_policy="least-recently-stored"
         )
         self._down_until = 0.0
+        self._on_error = on_error
         self.errors = 0
 
     @property
@@ -44,6 +48,7 @@ class DiskTier:
 
     def _failed(self, err: Exception) -> None:
         self.errors += 1
+        self._on_error()
         if self.up:
             logger.warning(
                 "disk cache at %s bypassed for %.0f s: %s", self.directory, RETRY_AFTER_S, err

@@ -81,13 +81,22 @@ class FeatureCache:
             if config.memory.enabled
             else None
         )
+        errors = self.metrics.errors
         self.disk = (
-            DiskTier(directory or Path(os.path.expanduser(config.disk.path)), config.disk.max_bytes)
+            DiskTier(
+                directory or Path(os.path.expanduser(config.disk.path)),
+                config.disk.max_bytes,
+                on_error=errors.labels("disk").inc,
+            )
             if config.disk.enabled
             else None
         )
         self.redis = (
-            RedisTier(config.redis.url, config.redis.timeout_ms / 1000.0)
+            RedisTier(
+                config.redis.url,
+                config.redis.timeout_ms / 1000.0,
+                on_error=errors.labels("redis").inc,
+            )
             if config.redis.enabled
             else None
         )

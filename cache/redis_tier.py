@@ -27,7 +27,9 @@ class RedisTier:
 
     name = "redis"
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(
+        self, url: str, timeout_s: float, on_error: Callable[[], None] = lambda: None
+    ) -> None:
         import redis
 
         self._redis_module = redis
@@ -39,6 +41,7 @@ class RedisTier:
         )
         self._down_until = 0.0
         self._logged = False
+        self._on_error = on_error
         self.errors = 0
 
     @property
@@ -53,6 +56,7 @@ class RedisTier:
             result = action()
         except self._redis_module.RedisError as err:
             self.errors += 1
+            self._on_error()
             self._down_until = time.monotonic() + RETRY_AFTER_S
             if not self._logged:
                 logger.warning("redis cache tier unavailable, serving from the others: %s", err)

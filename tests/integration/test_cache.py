@@ -416,3 +416,22 @@ def test_tinylfu_keeps_a_hot_entry_through_a_scan_that_lru_would_flush() -> None
             tier.put(cold, "v", 1, 1e9)
     assert tiny.get(hot, 0.0) == "v"
     assert lru.get(hot, 0.0) is None  # the control: plain LRU lost it
+
+
+def test_a_failing_disk_is_bypassed_and_the_cache_goes_on(
+    cache: FeatureCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(cache.disk._cache, "get", broken)  # type: ignore[union-attr]
+    monkeypatch.setattr(cache.disk._cache, "set", broken)  # type: ignore[union-attr]
+    k = key(b"disk-broken")
+    cache.put(k, [5])
+    cache.memory.clear()  # type: ignore[union-attr]
+    assert cache.get(k) == [5]  # from Redis
+    assert not cache.disk.up  # type: ignore[union-attr]
+    errors = cache.metrics.registry.get_sample_value("hetero_cache_errors_total", {"tier": "disk"})
+    assert errors is not None and errors >= 1
