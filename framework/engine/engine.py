@@ -107,7 +107,7 @@ class Engine:
                 self.backends[d.backend],
                 self._graph,
                 self._inputs,
-                self._batching,
+                self.scheduler.batching_for,
                 self._on_batch,
             )
             for d in self.fleet.devices
@@ -130,15 +130,6 @@ class Engine:
             return False
         backend = self.backends[self._device_by_id[device_id].backend]
         return graph.format in backend.graph_formats
-
-    def _batching(self, model_key: str) -> tuple[int, float]:
-        stage_name, variant_name = model_key.split("/", 1)
-        variants = self.policy.spec.stages[stage_name].variants
-        variant = variants["light"] if variant_name == "light" else variants["full"]
-        delay_ms = variant.max_delay_ms
-        if delay_ms is None:
-            delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
-        return (variant.max_batch if variant.batchable else 1), delay_ms / 1000.0
 
     def start(self) -> Engine:
         """Start the dispatcher and one worker per device."""

@@ -509,6 +509,18 @@ class Scheduler:
         (infinity when none is waiting): event loops schedule a wake-up for it."""
         return float(self._retry_blocked_at)
 
+    def batching_for(self, model_key: str) -> tuple[int, float]:
+        """``(max_batch, max_delay_s)`` of a stage variant: its own figures, else the
+        scheduler's default delay; 1 for a variant that is not batchable."""
+        hint = self.tables[model_key].costs.hint
+        stage_name, variant_name = model_key.split("/", 1)
+        variants = self.policy.spec.stages[stage_name].variants
+        variant = variants["light"] if variant_name == "light" else variants["full"]
+        delay_ms = variant.max_delay_ms
+        if delay_ms is None:
+            delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
+        return (hint.max_batch if hint.batchable else 1), delay_ms / 1000.0
+
     def eligible_devices(self, stage: str, variant: str) -> int:
         """How many devices could ever run this stage variant (healthy or not)."""
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]

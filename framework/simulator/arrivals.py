@@ -9,10 +9,16 @@ from hetero.framework.policy import Policy
 from hetero.framework.simulator.traces import read_azure, read_trace
 from hetero.framework.simulator.workload import RequestKind, SimRequest, Workload
 
-__all__ = ["RequestSource", "check_against_policy", "open_loop_requests"]
+__all__ = [
+    "RequestSource",
+    "check_against_policy",
+    "open_loop_requests",
+    "request_from_kind",
+]
 
 
-def _from_kind(kind: RequestKind, index: int, arrival: float) -> SimRequest:
+def request_from_kind(kind: RequestKind, index: int, arrival: float) -> SimRequest:
+    """A request of ``kind`` arriving at ``arrival``."""
     return SimRequest(
         index=index,
         arrival=arrival,
@@ -112,9 +118,9 @@ def open_loop_requests(workload: Workload, policy: Policy) -> list[SimRequest]:
                 break
             draw = float(source.rng.random())
             if draw < spec.azure.image_ratio:
-                requests.append(_from_kind(source.kind("images"), index, arrival))
+                requests.append(request_from_kind(source.kind("images"), index, arrival))
             elif draw < spec.azure.image_ratio + spec.azure.audio_ratio:
-                requests.append(_from_kind(source.kind("audio"), index, arrival))
+                requests.append(request_from_kind(source.kind("audio"), index, arrival))
             else:
                 requests.append(
                     SimRequest(index, arrival, spec.azure.route, spec.azure.qos, context, generated)
@@ -123,6 +129,6 @@ def open_loop_requests(workload: Workload, policy: Policy) -> list[SimRequest]:
     requests = []
     now = source.gap()
     while now <= spec.duration_s:
-        requests.append(_from_kind(source.kind(), len(requests), now))
+        requests.append(request_from_kind(source.kind(), len(requests), now))
         now += source.gap()
     return requests

@@ -38,6 +38,7 @@ from hetero.framework.simulator.arrivals import (
     RequestSource,
     check_against_policy,
     open_loop_requests,
+    request_from_kind,
 )
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
@@ -164,17 +165,7 @@ class _Simulation:
         if client not in self.clients:
             self.clients[client] = RequestSource(self.workload, stream=client)
         kind = self.clients[client].kind()
-        request = SimRequest(
-            index=next(self.sequence),
-            arrival=now + spec.arrivals.think_time_s,
-            route=kind.route,
-            qos=kind.qos,
-            text_tokens=kind.text_tokens,
-            output_tokens=kind.output_tokens,
-            images=kind.images,
-            image_pixels=kind.image_pixels,
-            audio_seconds=kind.audio_seconds,
-        )
+        request = request_from_kind(kind, next(self.sequence), now + spec.arrivals.think_time_s)
         self.push(request.arrival, ARRIVAL, (request, client))
 
     # --- requests ----------------------------------------------------------------------------
@@ -261,14 +252,8 @@ class _Simulation:
                 device.loaded.discard(victim)
             key = outcome.model_key
             if key not in device.batchers:
-                stage, variant = key.split("/", 1)
-                config = self.policy.spec.stages[stage].variants
-                chosen = config["light"] if variant == "light" else config["full"]
-                delay_ms = chosen.max_delay_ms
-                if delay_ms is None:
-                    delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
-                size = chosen.max_batch if chosen.batchable else 1
-                device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_ms / 1000.0)
+                size, delay_s = self.scheduler.batching_for(key)
+                device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_s)
             batcher = device.batchers[key]
             batcher.add(outcome, self.clock.now())
             due = batcher.due_at()
