@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rbloom import Bloom
@@ -28,6 +28,7 @@ __all__ = ["GenerationalBloom"]
 
 logger = logging.getLogger(__name__)
 CHANNEL = "hetero:bloom"
+ERASE_CHANNEL = "hetero:erase"
 
 
 def _hash(digest: bytes) -> int:
@@ -50,6 +51,7 @@ class GenerationalBloom:
         self._subscriber: Any = None  # redis-py's PubSubWorkerThread
         self._pubsub: Any = None
         self._client: Any = None
+        self._on_erase: Callable[[str], None] | None = None
 
     def _maybe_rotate(self) -> None:
         if time.monotonic() - self._rotated_at >= self.rotate_after_s:  # rarely true
@@ -82,12 +84,16 @@ class GenerationalBloom:
             count += 1
         return count
 
-    def share_through(self, client: Any) -> None:
-        """Subscribe to other instances' writes on ``client``'s Redis and publish ours."""
+    def share_through(self, client: Any, on_erase: Callable[[str], None] | None = None) -> None:
+        """Subscribe to other instances' writes (and erasures) on ``client``'s Redis and
+        publish ours."""
         self._client = client
+        self._on_erase = on_erase
         try:
             self._pubsub = client.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(**{CHANNEL: self._on_message})
+            self._pubsub.subscribe(
+                **{CHANNEL: self._on_message, ERASE_CHANNEL: self._on_erase_message}
+            )
             self._subscriber = self._pubsub.run_in_thread(
                 sleep_time=0.5, daemon=True, exception_handler=self._on_error
             )
@@ -99,6 +105,16 @@ class GenerationalBloom:
         data = message.get("data")
         if isinstance(data, bytes) and len(data) >= 16:
             self.add(data, publish=False)
+
+    def announce_erase(self, what: str) -> None:
+        """Tell every instance to erase ``c:<content>`` or ``p:<partition>`` locally."""
+        if self._client is not None:
+            self._client.publish(ERASE_CHANNEL, what)
+
+    def _on_erase_message(self, message: dict[str, Any]) -> None:
+        data = message.get("data")
+        if isinstance(data, bytes) and self._on_erase is not None:
+            self._on_erase(data.decode(errors="replace"))
 
     def _on_error(self, err: BaseException, pubsub: Any, thread: Any) -> None:
         logger.debug("bloom subscriber: %s", err)

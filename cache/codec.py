@@ -28,8 +28,10 @@ def encode(value: Any) -> bytes:
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:  # pickle would be needed: refused
             raise CacheValueError("numpy array of objects")
+        if value.dtype.fields is not None:
+            raise CacheValueError("structured numpy array", "its field names would be lost")
         dtype = value.dtype.str.encode()
-        array = np.ascontiguousarray(value)
+        array = np.require(value, requirements="C")
         body: bytes = (
             struct.pack("<B", len(dtype))
             + dtype

@@ -32,14 +32,19 @@ class DiskTier:
     ) -> None:
         import diskcache
 
-        directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._cache = diskcache.Cache(
-            str(directory), size_limit=max_bytes, eviction_policy="least-recently-stored"
-        )
         self._down_until = 0.0
         self._on_error = on_error
         self.errors = 0
+        self._cache: Any = None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._cache = diskcache.Cache(
+                str(directory), size_limit=max_bytes, eviction_policy="least-recently-stored"
+            )
+        except Exception as err:  # unwritable, full or corrupt: start without this tier
+            self._failed(err)
+            self._down_until = float("inf")
 
     @property
     def up(self) -> bool:
@@ -83,22 +88,20 @@ class DiskTier:
             self._failed(err)
 
     def erase_content(self, content: str) -> int:
-        """Drop every entry derived from ``content``; how many."""
-        try:
-            return int(self._cache.evict(content))
-        except Exception as err:
-            self._failed(err)
+        """Drop every entry derived from ``content``; how many. Raises if the disk fails: an
+        erasure must not be reported done when it was not."""
+        if self._cache is None:
             return 0
+        return int(self._cache.evict(content))
 
     def erase_prefix(self, prefix: str) -> int:
-        """Drop every entry whose key starts with ``prefix`` (a partition)."""
+        """Drop every entry whose key starts with ``prefix`` (a partition); raises on failure."""
+        if self._cache is None:
+            return 0
         removed = 0
-        try:
-            for key in list(self._cache.iterkeys()):
-                if isinstance(key, str) and key.startswith(prefix) and self._cache.delete(key):
-                    removed += 1
-        except Exception as err:
-            self._failed(err)
+        for key in list(self._cache.iterkeys()):
+            if isinstance(key, str) and key.startswith(prefix) and self._cache.delete(key):
+                removed += 1
         return removed
 
     def keys(self) -> list[Any]:
@@ -119,4 +122,5 @@ class DiskTier:
 
     def close(self) -> None:
         """Close the index."""
-        self._cache.close()
+        if self._cache is not None:
+            self._cache.close()

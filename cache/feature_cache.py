@@ -44,6 +44,9 @@ SAMPLE_EVERY = 16
 class _Tier(Protocol):
     name: str
 
+    @property
+    def up(self) -> bool: ...
+
     def get(self, key: str) -> bytes | None: ...
 
     def delete(self, key: str) -> None: ...
@@ -104,7 +107,11 @@ class FeatureCache:
         self.bloom = GenerationalBloom(
             config.bloom.expected_entries, config.bloom.false_positive_rate, rotate
         )
-        self.single_flight = SingleFlight(self.redis.raw() if self.redis is not None else None)
+        redis_tier = self.redis
+        self.single_flight = SingleFlight(
+            redis_tier.raw() if redis_tier is not None else None,
+            available=(lambda: redis_tier.up) if redis_tier is not None else None,
+        )
         self._lower: list[_Tier] = [t for t in (self.disk, self.redis) if t is not None]
         self._cost: dict[str, float] = {}
         self._reads = 0
@@ -114,9 +121,9 @@ class FeatureCache:
         self._latency = {name: m.latency.labels(name) for name in ("memory", "disk", "redis")}
         self._plain = not sensitive
         self._measure_tiers()
+        if self.redis is not None:  # subscribe first: writes during the warm-up are heard
+            self.bloom.share_through(self.redis.raw(), on_erase=self._erased_elsewhere)
         self._warm_bloom()
-        if self.redis is not None:
-            self.bloom.share_through(self.redis.raw())
 
     # --- tier order ----------------------------------------------------------------------
 
@@ -136,7 +143,12 @@ class FeatureCache:
         logger.info("cache tiers by measured cost: %s", [t.name for t in self._lower])
 
     def _order(self) -> None:
-        self._lower.sort(key=lambda tier: self._cost.get(tier.name, float("inf")))
+        # A new list swapped in: readers iterating the old one never see it half-sorted. A tier
+        # that is down answers instantly, so it ranks last rather than by that speed.
+        self._lower = sorted(
+            self._lower,
+            key=lambda t: self._cost.get(t.name, float("inf")) if t.up else float("inf"),
+        )
 
     def tier_order(self) -> list[str]:
         """The tiers in the order reads ask them."""
@@ -224,6 +236,7 @@ class FeatureCache:
                 faster.append(tier)
                 continue
             self._hit[tier.name].inc()
+            self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
             if faster or self.memory is not None:
                 ttl = self._ttl()
                 for upper in faster:
@@ -246,20 +259,25 @@ class FeatureCache:
         if isinstance(tier, DiskTier):
             tier.put(key.text, blob, ttl_s, key.content)
         elif isinstance(tier, RedisTier):
-            tier.put(key.text, blob, ttl_s, key.content, key.partition)
+            if key.stage == "probe":  # the start-up probe needs no erasure index
+                tier.guarded(lambda: tier.raw().set(key.text, blob, px=int(ttl_s * 1000)), None)
+            else:
+                tier.put(key.text, blob, ttl_s, key.content, key.partition)
 
     def put(self, key: FeatureKey, value: Any) -> None:
-        """Store ``value`` in every tier (encrypted for a sensitive partition)."""
-        cacheable, cipher = self._protection(key)
-        if not self.config.enabled or not cacheable:
+        """Store ``value`` in every tier (encrypted for a sensitive partition). The memory tier
+        keeps a decoded, read-only copy, so later changes to ``value`` do not leak in."""
+        if not self.config.enabled:
             return
-        blob = encode(value)
-        if cipher is not None:
-            blob = cipher.encrypt(blob, key.text.encode())
+        cacheable, cipher = self._protection(key)
+        if not cacheable:
+            return
+        plain = encode(value)
+        blob = cipher.encrypt(plain, key.text.encode()) if cipher is not None else plain
         ttl = self._ttl()
         if self.memory is not None:
             before = self.memory.evictions
-            self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
+            self.memory.put(key.digest, decode(plain), len(blob), time.monotonic() + ttl)
             self.metrics.evictions.labels("memory").inc(self.memory.evictions - before)
         for tier in self._lower:
             self._write(tier, key, blob, ttl)
@@ -270,8 +288,7 @@ class FeatureCache:
         value = self.get(key)
         if value is not None:
             return value
-        cacheable, _ = self._protection(key)
-        if not cacheable or not self.config.enabled:
+        if not self.config.enabled or not self._protection(key)[0]:
             self.metrics.computations.inc()
             return compute()
         waits_before = self.single_flight.waits
@@ -285,6 +302,7 @@ class FeatureCache:
             computed,
             lambda: self._from_lower(key, self._protection(key)[1]),
             lambda v: self.put(key, v),
+            sensitive=key.partition is not None and key.partition in self.sensitive,
         )
         self.metrics.singleflight_waits.inc(self.single_flight.waits - waits_before)
         return result
@@ -292,26 +310,42 @@ class FeatureCache:
     # --- erasure ---------------------------------------------------------------------------
 
     def erase_content(self, content: str) -> int:
-        """Remove every entry derived from one piece of content, from every tier."""
-        removed = 0
-        if self.memory is not None:
-            self.memory.clear()  # digests do not say their content; L1 is rebuilt from below
-        if self.disk is not None:
-            removed += self.disk.erase_content(content)
+        """Remove every entry derived from one piece of content from every tier, here and (with
+        Redis) in every other instance, which hears it on a channel and erases its own memory
+        and disk. Raises if a tier here cannot be erased: erasure is never reported done when it
+        was not."""
+        removed = self._erase_local(content=content)
         if self.redis is not None:
             removed += self.redis.erase_content(content)
+            self.bloom.announce_erase(f"c:{content}")
         return removed
 
     def erase_partition(self, partition: str) -> int:
-        """Remove every entry of one partition, from every tier."""
-        removed = 0
-        if self.memory is not None:
-            self.memory.clear()
-        if self.disk is not None:
-            removed += self.disk.erase_prefix(f"{PREFIX}:{partition}:")
+        """Remove every entry of one partition from every tier (as :meth:`erase_content`)."""
+        removed = self._erase_local(partition=partition)
         if self.redis is not None:
             removed += self.redis.erase_partition(partition)
+            self.bloom.announce_erase(f"p:{partition}")
         return removed
+
+    def _erase_local(self, *, content: str | None = None, partition: str | None = None) -> int:
+        if self.memory is not None:
+            self.memory.clear()  # digests do not say their content; L1 refills from below
+        if self.disk is None:
+            return 0
+        if content is not None:
+            return self.disk.erase_content(content)
+        return self.disk.erase_prefix(f"{PREFIX}:{partition}:")
+
+    def _erased_elsewhere(self, what: str) -> None:
+        kind, _, name = what.partition(":")
+        try:
+            if kind == "c":
+                self._erase_local(content=name)
+            elif kind == "p":
+                self._erase_local(partition=name)
+        except Exception as err:
+            logger.error("erasure of %s announced by another instance failed here: %s", what, err)
 
     def refresh_gauges(self) -> None:
         """Bytes per tier, for /metrics."""
@@ -333,4 +367,4 @@ class FeatureKeyProbe:
     @staticmethod
     def make() -> FeatureKey:
         digest = os.urandom(32)
-        return FeatureKey(digest=digest, content="probe", stage="probe", partition="-probe")
+        return FeatureKey(digest=digest, content="probe", stage="probe", partition="probe")

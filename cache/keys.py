@@ -21,6 +21,14 @@ DIGEST_BYTES = 32
 PREFIX = "hetero:f"
 
 
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
 def content_digest(content: bytes) -> str:
     """Hex BLAKE2b-256 of the content."""
     return hashlib.blake2b(content, digest_size=DIGEST_BYTES).hexdigest()
@@ -63,10 +71,12 @@ def feature_key(
         raise CacheKeyError("model version")
     if isinstance(content, bytes | bytearray | memoryview):
         digest_of_content = content_digest(bytes(content))
-    elif isinstance(content, str) and len(content) == 2 * DIGEST_BYTES:
-        digest_of_content = content
+    elif isinstance(content, str) and len(content) == 2 * DIGEST_BYTES and _is_hex(content):
+        digest_of_content = content.lower()
     else:
         raise CacheKeyError("content (bytes, or a 64-character hex digest)")
+    if partition is not None and (not partition or ":" in partition or partition == "-"):
+        raise CacheKeyError("partition name (non-empty, no ':', not '-')")
     try:
         canonical = json.dumps(params or {}, sort_keys=True, separators=(",", ":"))
     except TypeError as err:

@@ -20,6 +20,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_AFTER_S = 2.0
 INDEX = "hetero:idx"
+ERASE = """
+local keys = redis.call('smembers', KEYS[1])
+for _, key in ipairs(keys) do redis.call('del', key) end
+redis.call('del', KEYS[1])
+return #keys
+"""
 
 
 class RedisTier:
@@ -43,6 +49,7 @@ class RedisTier:
         self._logged = False
         self._on_error = on_error
         self.errors = 0
+        self._erase_script = self.client.register_script(ERASE)
 
     @property
     def up(self) -> bool:
@@ -73,13 +80,17 @@ class RedisTier:
         return value if isinstance(value, bytes) else None
 
     def put(self, key: str, blob: bytes, ttl_s: float, content: str, partition: str | None) -> None:
-        """Store with an expiry and index the key for erasure, in one round trip."""
+        """Store with an expiry and index the key for erasure, in one round trip. Index sets
+        expire with their newest entry, so they never outlive what they index for long."""
 
         def write() -> None:
+            ttl_ms = max(1, int(ttl_s * 1000))
             pipe = self.client.pipeline(transaction=False)
-            pipe.set(key, blob, px=max(1, int(ttl_s * 1000)))
-            pipe.sadd(f"{INDEX}:c:{content}", key)
-            pipe.sadd(f"{INDEX}:p:{partition or '-'}", key)
+            pipe.set(key, blob, px=ttl_ms)
+            for index in (f"{INDEX}:c:{content}", f"{INDEX}:p:{partition or '-'}"):
+                pipe.sadd(index, key)
+                pipe.pexpire(index, ttl_ms, gt=True)
+                pipe.pexpire(index, ttl_ms, nx=True)
             pipe.execute()
 
         self._call(write, None)
@@ -89,14 +100,11 @@ class RedisTier:
         self._call(lambda: self.client.delete(key), 0)
 
     def _erase_index(self, index: str) -> int:
-        def erase() -> int:
-            keys = list(self.client.smembers(index))
-            if keys:
-                self.client.delete(*keys)
-            self.client.delete(index)
-            return len(keys)
-
-        return self._call(erase, 0)
+        """Delete every key of an index set and the set, atomically (a write landing in between
+        cannot lose its index entry). Erasure ignores the back-off: it must try now, and it
+        raises if Redis cannot be reached, so the caller knows the erasure did not happen."""
+        erased = self._erase_script(keys=[index])
+        return int(erased)
 
     def erase_content(self, content: str) -> int:
         """Drop every entry derived from ``content``."""
@@ -122,3 +130,7 @@ class RedisTier:
     def raw(self) -> Any:
         """The redis-py client, for the Bloom filter's pub/sub and single-flight locks."""
         return self.client
+
+    def guarded(self, action: Callable[[], T], default: T) -> T:
+        """Run ``action`` on the client through this tier's back-off (for locks, publishes)."""
+        return self._call(action, default)

@@ -44,8 +44,14 @@ class LeaderFailedError(CacheError, RuntimeError):
 class SingleFlight:
     """One computation per key at a time, in this process and (with Redis) across processes."""
 
-    def __init__(self, client: Any = None, lock_ttl_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        client: Any = None,
+        lock_ttl_s: float = 30.0,
+        available: Callable[[], bool] | None = None,
+    ) -> None:
         self._client = client
+        self._available = available or (lambda: True)
         self._lock_ttl_ms = int(lock_ttl_s * 1000)
         self._inflight: dict[str, Future[Any]] = {}
         self._guard = threading.Lock()
@@ -59,8 +65,11 @@ class SingleFlight:
         compute: Callable[[], T],
         lookup: Callable[[], T | None],
         store: Callable[[T], None],
+        *,
+        sensitive: bool = False,
     ) -> T:
-        """``compute`` once for ``key`` and ``store`` the result; everyone else gets that."""
+        """``compute`` once for ``key`` and ``store`` the result; everyone else gets that.
+        ``sensitive`` keeps the error message of a failed computation inside the process."""
         with self._guard:
             future = self._inflight.get(key)
             leader = future is None
@@ -73,7 +82,7 @@ class SingleFlight:
         if not leader:
             return future.result()  # type: ignore[no-any-return]
         try:
-            value = self._lead(key, compute, lookup, store)
+            value = self._lead(key, compute, lookup, store, sensitive)
         except BaseException as err:
             future.set_exception(err)
             raise
@@ -87,7 +96,10 @@ class SingleFlight:
     def _compute(self, compute: Callable[[], T], store: Callable[[T], None]) -> T:
         self.computations += 1
         value = compute()
-        store(value)
+        try:
+            store(value)
+        except Exception as err:  # a value that cannot be cached is still the answer
+            logger.warning("computed value not cached: %s", err)
         return value
 
     def _lead(
@@ -96,9 +108,10 @@ class SingleFlight:
         compute: Callable[[], T],
         lookup: Callable[[], T | None],
         store: Callable[[T], None],
+        sensitive: bool,
     ) -> T:
         client = self._client
-        if client is None:
+        if client is None or not self._available():  # Redis backing off: this process only
             return self._compute(compute, store)
         lock, token = LOCK_PREFIX + key, uuid.uuid4().hex
         while True:
@@ -109,9 +122,11 @@ class SingleFlight:
                 return self._compute(compute, store)
             if acquired:
                 try:
-                    return self._compute(compute, store)
+                    # Another process may have stored it between our miss and our lock.
+                    found = lookup()
+                    return found if found is not None else self._compute(compute, store)
                 except BaseException as err:
-                    self._leave_error(key, err)
+                    self._leave_error(key, token, err, sensitive)
                     raise
                 finally:
                     self._unlock(lock, token)
@@ -129,20 +144,25 @@ class SingleFlight:
             if value is not None:
                 return value
             try:
+                holder = self._client.get(lock)
                 failed = self._client.get(ERROR_PREFIX + key)
-                held = self._client.exists(lock)
             except Exception:
                 return None
             if failed is not None:
-                raise LeaderFailedError(failed.decode(errors="replace"))
-            if not held:
+                failed_token, _, message = failed.decode(errors="replace").partition("|")
+                # Only the failure of the leader we were waiting for counts, not an old one.
+                if holder is None or holder.decode() == failed_token:
+                    raise LeaderFailedError(message)
+            if holder is None:
                 return lookup()
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
 
-    def _leave_error(self, key: str, err: BaseException) -> None:
+    def _leave_error(self, key: str, token: str, err: BaseException, sensitive: bool) -> None:
+        # A sensitive key's error message may quote its data: only the type leaves the process.
+        message = type(err).__name__ if sensitive else f"{type(err).__name__}: {err}"
         with contextlib.suppress(Exception):
-            self._client.set(ERROR_PREFIX + key, f"{type(err).__name__}: {err}", px=ERROR_TTL_MS)
+            self._client.set(ERROR_PREFIX + key, f"{token}|{message}", px=ERROR_TTL_MS)
 
     def _unlock(self, lock: str, token: str) -> None:
         try:

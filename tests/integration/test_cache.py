@@ -435,3 +435,74 @@ def test_a_failing_disk_is_bypassed_and_the_cache_goes_on(
     assert not cache.disk.up  # type: ignore[union-attr]
     errors = cache.metrics.registry.get_sample_value("hetero_cache_errors_total", {"tier": "disk"})
     assert errors is not None and errors >= 1
+
+
+def test_erasure_reaches_other_instances_memory_and_disk(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    redis_server_client(redis_server).flushall()
+    here = FeatureCache(config(redis_server.url), directory=tmp_path / "here")
+    there = FeatureCache(config(redis_server.url), directory=tmp_path / "there")
+    try:
+        k = key(b"data-subject")
+        there.put(k, ["x"])
+        assert there.disk.get(k.text) is not None  # type: ignore[union-attr]
+        here.erase_content(k.content)
+        deadline = time.monotonic() + 10
+        while there.disk.get(k.text) is not None:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the other instance never erased its disk"
+            time.sleep(0.005)
+        assert there.get(k) is None
+    finally:
+        here.close()
+        there.close()
+
+
+def test_cached_values_are_isolated_from_callers(cache: FeatureCache) -> None:
+    k = key(b"mutable")
+    original = np.arange(4.0)
+    cache.put(k, original)
+    original[0] = 99.0  # the caller keeps changing its array
+    got = cache.get(k)
+    assert got[0] == 0.0 and not got.flags.writeable
+    scalar = key(b"scalar")
+    cache.put(scalar, np.array(3.5))
+    cache.memory.clear()  # type: ignore[union-attr]
+    assert cache.get(scalar).shape == ()
+
+
+def test_key_parts_are_checked() -> None:
+    digest = "AB" * 32
+    assert feature_key(digest, stage="s", model_version="1").content == "ab" * 32
+    with pytest.raises(CacheKeyError, match="content"):
+        feature_key("zz" * 32, stage="s", model_version="1")
+    with pytest.raises(CacheKeyError, match="partition"):
+        feature_key(b"x", stage="s", model_version="1", partition="a:b")
+    with pytest.raises(CacheValueError, match="structured"):
+        from hetero.cache.codec import encode
+
+        encode(np.zeros(2, dtype=[("a", "i4"), ("b", "f4")]))
+
+
+def test_a_sensitive_leaders_error_does_not_leave_its_message_in_redis(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    client = redis_server_client(redis_server)
+    client.flushall()
+    instance = FeatureCache(
+        config(redis_server.url),
+        directory=tmp_path / "disk",
+        sensitive=frozenset({"id_cards"}),
+        cipher_for=lambda partition: AesGcmTestCipher(b"k" * 32),
+    )
+    try:
+        secret = key(b"card", partition="id_cards")
+
+        def fail() -> Any:
+            raise ValueError(f"bad id {CANARY}")
+
+        with pytest.raises(ValueError, match="bad id"):
+            instance.get_or_compute(secret, fail)
+        assert not _scan_for(redis_server, tmp_path / "disk", CANARY.encode())
+    finally:
+        instance.close()
