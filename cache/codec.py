@@ -1,7 +1,9 @@
 """Values to bytes and back, without pickle: numpy arrays and JSON-able results.
 
-Layout: ``b"HFC1"`` | kind (``N`` array, ``J`` JSON) | CRC32 of the body | body. An array body
-is its dtype string, its shape and its raw bytes (C order); object dtypes are refused. A checksum
+Layout: ``b"HFC1"`` | kind (``N`` array, ``D`` named arrays, ``J`` JSON) | CRC32 of the body |
+body. An array body is its dtype string, its shape and its raw bytes (C order); object and
+structured dtypes are refused. Named arrays (a stage's outputs) are a JSON list of names and
+lengths followed by each array's own encoding. A checksum
 that does not match, or bytes that do not parse, raise :class:`CorruptEntryError`.
 """
 
@@ -24,7 +26,12 @@ _HEADER = struct.Struct("<4scI")
 
 
 def encode(value: Any) -> bytes:
-    """Serialise a numpy array or a JSON-able value."""
+    """Serialise a numpy array, a mapping of names to arrays, or a JSON-able value."""
+    if isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+        parts = [(str(name), encode(array)) for name, array in value.items()]
+        index = json.dumps([[name, len(blob)] for name, blob in parts]).encode()
+        named: bytes = struct.pack("<I", len(index)) + index + b"".join(b for _, b in parts)
+        return _HEADER.pack(MAGIC, b"D", zlib.crc32(named)) + named
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:  # pickle would be needed: refused
             raise CacheValueError("numpy array of objects")
@@ -70,6 +77,14 @@ def decode(blob: bytes, tier: str = "cache") -> Any:
     try:
         if kind == b"J":
             return json.loads(bytes(body))
+        if kind == b"D":
+            (index_len,) = struct.unpack_from("<I", body, 0)
+            offset = 4 + index_len
+            named = {}
+            for name, length in json.loads(bytes(body[4:offset])):
+                named[str(name)] = decode(bytes(body[offset : offset + int(length)]), tier)
+                offset += int(length)
+            return named
         if kind == b"N":
             dtype_len = body[0]
             dtype = _dtype(bytes(body[1 : 1 + dtype_len]))

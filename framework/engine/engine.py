@@ -45,6 +45,7 @@ from hetero.framework.scheduler import (
     StageTask,
     WallClock,
 )
+from hetero.framework.stage_cache import StageCache
 
 __all__ = ["Engine"]
 
@@ -52,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 DISPATCH_POLL_S = 0.05
+CACHE_DEVICE = "cache"  # where a cached output "lives": the host, for transfer costs
 _request_ids = itertools.count(1)
 
 
@@ -66,6 +68,8 @@ class Engine:
             request payload, for a first step), filtered to the graph's ``input_names`` if set.
         fleet: Devices to use (default: the policy's fleet on this host).
         placement: Override the policy's placement policy.
+        cache: Stage outputs by input content (``hetero.cache.StageOutputCache``): a step whose
+            inputs were seen before skips its device; a computed step is offered to it.
     """
 
     def __init__(
@@ -76,8 +80,10 @@ class Engine:
         *,
         fleet: Fleet | None = None,
         placement: str | None = None,
+        cache: StageCache | None = None,
     ) -> None:
         self.policy = policy
+        self.cache = cache
         self.graphs = dict(graphs)
         self.fleet = fleet or resolve_fleet(policy, registry)
         self.clock = WallClock()
@@ -228,6 +234,13 @@ class Engine:
                 self.metrics.sheds.labels("queue_full").inc()
                 self.metrics.requests.labels(route, "shed").inc()
                 raise
+            answered = state.done()  # every step came from the cache
+            if answered:
+                self._end(state)
+        if answered:
+            self.metrics.requests.labels(route, "ok").inc()
+            future.set_result(self._result(state))
+            return future
         future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
         self._wake.set()
         return future
@@ -280,25 +293,73 @@ class Engine:
     # --- the loop ----------------------------------------------------------------------------
 
     def _enqueue_ready(self, state: RequestState) -> None:
-        """Queue every step whose inputs are ready (lock held)."""
+        """Queue every step whose inputs are ready, answering from the cache where it can
+        (lock held)."""
         now = self.clock.now()
         stages = self.policy.spec.stages
-        for step in state.ready_steps():
-            stage = state.pipeline.steps[step].stage
-            task = StageTask(
-                request_id=state.request_id,
-                stage=stage,
-                step=step,
-                variant=state.variant if state.variant in stages[stage].variants else "full",
-                qos_class=state.qos_class,
-                arrival=state.arrival,
-                deadline=state.deadline,
-                inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
-                items=_items(state.payload),
-                enqueued_at=now,
-            )
-            self.scheduler.enqueue(task)
-            state.live_tasks[task.id] = task
+        progressed = True
+        while progressed:  # a cached step can make the next one ready at once
+            progressed = False
+            for step in state.ready_steps():
+                stage = state.pipeline.steps[step].stage
+                variant = state.variant if state.variant in stages[stage].variants else "full"
+                cached = self._cached(state, step, stage, variant)
+                if cached is not None:
+                    size = sum(int(np.asarray(v).nbytes) for v in cached.values())
+                    state.outputs[step] = OutputHandle(CACHE_DEVICE, cached, size)
+                    state.devices[step] = CACHE_DEVICE
+                    progressed = True
+                    continue
+                task = StageTask(
+                    request_id=state.request_id,
+                    stage=stage,
+                    step=step,
+                    variant=variant,
+                    qos_class=state.qos_class,
+                    arrival=state.arrival,
+                    deadline=state.deadline,
+                    inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
+                    items=_items(state.payload),
+                    enqueued_at=now,
+                )
+                self.scheduler.enqueue(task)
+                state.live_tasks[task.id] = task
+
+    def _step_inputs(self, state: RequestState, step: str, model_key: str) -> Arrays:
+        """A step's input arrays: the payload for a first step, else its dependencies' outputs
+        merged, filtered to the graph's input names when it has them."""
+        deps = state.pipeline.steps[step].after
+        arrays: Arrays = {}
+        if not deps:
+            arrays = dict(state.payload)
+        for dep in deps:
+            arrays.update(state.outputs[dep].value)
+        names = self._graph(model_key).input_names
+        return {n: arrays[n] for n in names if n in arrays} if names else arrays
+
+    def _cache_identity(self, stage: str, variant: str) -> tuple[str, str, str, str | None]:
+        config = self.policy.spec.stages[stage]
+        return stage, config.model_version, variant, config.partition
+
+    def _cached(
+        self, state: RequestState, step: str, stage: str, variant: str
+    ) -> dict[str, np.ndarray[Any, Any]] | None:
+        if self.cache is None or f"{stage}/{variant}" not in self.scheduler.tables:
+            return None
+        try:
+            inputs = self._step_inputs(state, step, f"{stage}/{variant}")
+            return self.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
+        except Exception as err:  # the cache never fails a request: a miss
+            logger.warning("cache lookup for %s failed: %s", stage, err)
+            return None
+
+    def _offer(self, task: StageTask, inputs: Arrays, outputs: Arrays) -> None:
+        if self.cache is None:
+            return
+        try:
+            self.cache.put_outputs(*self._cache_identity(task.stage, task.variant), inputs, outputs)
+        except Exception as err:
+            logger.warning("caching %s failed: %s", task.stage, err)
 
     def _dispatch_loop(self) -> None:
         while not self._stopping:
@@ -329,16 +390,9 @@ class Engine:
         task = dispatch.task
         with self._lock:
             state = self._requests.get(task.request_id)
-        if state is None or task.cancelled:
-            return None
-        if not task.inputs:
-            arrays = dict(state.payload)
-        else:
-            arrays = {}
-            for handle in task.inputs:
-                arrays.update(handle.value)
-        names = self._graph(dispatch.model_key).input_names
-        return {n: arrays[n] for n in names if n in arrays} if names else arrays
+            if state is None or task.cancelled:
+                return None
+            return self._step_inputs(state, task.step, dispatch.model_key)
 
     def _on_batch(self, outcomes: list[BatchOutcome]) -> None:
         self._sync_health()
@@ -398,8 +452,10 @@ class Engine:
             if state is None:
                 return  # cancelled or timed out meanwhile
             state.live_tasks.pop(task.id, None)
+            offered = None
             if ok:
                 assert outcome.outputs is not None
+                offered = self._step_inputs(state, task.step, dispatch.model_key)
                 size = sum(int(np.asarray(v).nbytes) for v in outcome.outputs.values())
                 state.outputs[task.step] = OutputHandle(device.id, outcome.outputs, size)
                 state.devices[task.step] = device.id
@@ -409,6 +465,8 @@ class Engine:
             finished = error is not None or state.done()
             if finished:
                 self._end(state)
+        if offered is not None and outcome.outputs is not None:
+            self._offer(task, offered, outcome.outputs)  # outside the lock: it does I/O
         if not finished:
             return
         if error is not None:

@@ -300,3 +300,28 @@ def test_a_device_its_backend_marks_unhealthy_leaves_placement() -> None:
         engine.run("/two", {"x": x}, timeout=60)  # the next batch report syncs health
         results = [engine.run("/two", {"x": x}, timeout=60) for _ in range(6)]
         assert all(set(r.devices.values()) == {ORT} for r in results)
+
+
+def test_a_repeated_request_is_answered_from_the_feature_cache(tmp_path: Any) -> None:
+    from cache_worker import cache_config
+
+    from hetero.cache import FeatureCache, StageOutputCache
+
+    policy = load_policy_text(POLICY, "engine.yaml")
+    features = FeatureCache(cache_config(None), directory=tmp_path / "cache")
+    try:
+        with Engine(policy, flaky_registry(), GRAPHS, cache=StageOutputCache(features)) as engine:
+            x = RNG.standard_normal((2, 16)).astype(np.float32)
+            first = engine.run("/two", {"x": x}, timeout=60)
+            runs = dict(FlakyNpuBackend.runs)
+            again = engine.run("/two", {"x": x}, timeout=60)
+            assert FlakyNpuBackend.runs == runs  # no device ran anything the second time
+            assert again.devices == {"encode": "cache", "head": "cache"}
+            np.testing.assert_allclose(again.outputs["head"]["y"], first.outputs["head"]["y"])
+            other = engine.run("/two", {"x": x + 1}, timeout=60)  # the control: new content runs
+            assert set(other.devices.values()) != {"cache"}
+            np.testing.assert_allclose(
+                other.outputs["head"]["y"], expected(x + 1), rtol=1e-4, atol=1e-4
+            )
+    finally:
+        features.close()
