@@ -194,10 +194,6 @@ class Scheduler:
         if not self._blocked_stages:
             self._retry_blocked_at = np.inf
 
-    def queued(self) -> int:
-        """Tasks waiting in all queues."""
-        return sum(len(queue) for queue in self.queues.values())
-
     def queue_delay_s(self) -> float:
         """The work already promised to devices, per device on average: admission's pressure."""
         live = self.healthy.sum()
