@@ -506,3 +506,27 @@ def test_a_sensitive_leaders_error_does_not_leave_its_message_in_redis(
         assert not _scan_for(redis_server, tmp_path / "disk", CANARY.encode())
     finally:
         instance.close()
+
+
+def test_the_sandbox_partition_cipher_seals_cache_entries(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    from hetero.sandbox import SM4_GCM, FileKeyring, PartitionCipher
+
+    redis_server_client(redis_server).flushall()
+    keyring = FileKeyring.create(tmp_path / "keys.json", {"id-cards": 16})
+    cipher = PartitionCipher(keyring, "id_cards", "id-cards", SM4_GCM)
+    instance = FeatureCache(
+        config(redis_server.url),
+        directory=tmp_path / "disk",
+        sensitive=frozenset({"id_cards"}),
+        cipher_for=lambda partition: cipher if partition == "id_cards" else None,
+    )
+    try:
+        secret = key(b"card-image", stage="ocr", partition="id_cards")
+        instance.put(secret, {"id_number": CANARY})
+        assert not _scan_for(redis_server, tmp_path / "disk", CANARY.encode())
+        instance.memory.clear()  # type: ignore[union-attr]
+        assert instance.get(secret) == {"id_number": CANARY}
+    finally:
+        instance.close()
