@@ -1,20 +1,26 @@
 """Data partitions and their protection.
 
 Built so far: the ciphers (AES-256-GCM, SM4-GCM), the file keyring, envelope encryption, the
-encrypted partition store and the partition cipher the feature cache seals sensitive entries
-with. Sandbox runtimes, PKCS#11, access control, the audit log and masking
-arrive with the rest of the compliance issue.
+encrypted partition store, the partition cipher the feature cache seals sensitive entries with,
+access decisions (RBAC + attribute rules), the signed hash-chained audit log and masking.
+Sandbox runtimes and PKCS#11 arrive with the rest of the compliance issue.
 """
 
+from hetero.sandbox.access import AccessDecision, Principal, decide
+from hetero.sandbox.audit import AuditError, AuditLog, VerifyReport, verify
 from hetero.sandbox.ciphers import AES_256_GCM, SM4_GCM, CipherUnavailableError, DecryptionError
 from hetero.sandbox.envelope import open_object, rewrap, seal_object
 from hetero.sandbox.keyring import FileKeyring, KeyringError
+from hetero.sandbox.masking import mask_text, mask_value
 from hetero.sandbox.partition_cipher import PartitionCipher
 from hetero.sandbox.partition_store import PartitionStore, PartitionStoreError
 
 __all__ = [
     "AES_256_GCM",
     "SM4_GCM",
+    "AccessDecision",
+    "AuditError",
+    "AuditLog",
     "CipherUnavailableError",
     "DecryptionError",
     "FileKeyring",
@@ -22,7 +28,13 @@ __all__ = [
     "PartitionCipher",
     "PartitionStore",
     "PartitionStoreError",
+    "Principal",
+    "VerifyReport",
+    "decide",
+    "mask_text",
+    "mask_value",
     "open_object",
     "rewrap",
     "seal_object",
+    "verify",
 ]

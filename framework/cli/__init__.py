@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from hetero.framework import envs
+from hetero.framework.cli.audit import run_audit_verify
 from hetero.framework.cli.bench import run_bench_cache, run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.cli.simulate import run_simulate
@@ -64,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--json", action="store_true", help="machine-readable output")
     simulate.add_argument("--plot", metavar="FILE.png", help="latency CDFs and a busy timeline")
+    audit = commands.add_parser("audit", help="audit log tools")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    audit_verify = audit_commands.add_parser("verify", help="check chain, hashes, signatures")
+    audit_verify.add_argument("file", help="the audit log (JSON lines)")
+    audit_verify.add_argument("--public-key", required=True, help="the signer's Ed25519 PEM")
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_bench_cache(out, args.json)
         if args.command == "bench":
             return run_bench_scheduler(out, args.json)
+        if args.command == "audit":
+            return run_audit_verify(out, err, args.file, args.public_key)
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]
             return run_simulate(
