@@ -19,7 +19,7 @@ PACKAGE_FILES := $(shell find framework backends cache sandbox policies -name '*
 $(STAMP): pyproject.toml setup.py $(PACKAGE_FILES) $(wildcard tests/plugins/dummy_backend/*.toml tests/plugins/dummy_backend/*/*.py)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[npu,cuda,rocm,sim,dev]' --config-settings editable_mode=strict
+	$(BIN)/pip install -q -e '.[npu,cuda,rocm,sim,hsm,dev]' --config-settings editable_mode=strict
 	rm -rf $(VENV)/test-plugins
 	$(BIN)/pip install -q --no-deps --target $(VENV)/test-plugins tests/plugins/dummy_backend
 	rm -rf tests/plugins/dummy_backend/build tests/plugins/dummy_backend/*.egg-info

@@ -3,7 +3,8 @@
 Built so far: the ciphers (AES-256-GCM, SM4-GCM), the file keyring, envelope encryption, the
 encrypted partition store, the partition cipher the feature cache seals sensitive entries with,
 access decisions (RBAC + attribute rules), the signed hash-chained audit log and masking.
-Sandbox runtimes and PKCS#11 arrive with the rest of the compliance issue.
+Partition keys come from a file keyring or a PKCS#11 token (``pkcs11_keyring``, SoftHSM2 in
+tests). The sandbox runtimes arrive with the rest of the compliance issue.
 """
 
 from hetero.sandbox.access import AccessDecision, Principal, decide

@@ -15,7 +15,7 @@ import os
 import struct
 
 from hetero.sandbox.ciphers import AES_256_GCM, NONCE_BYTES, SM4_GCM, DecryptionError, aead
-from hetero.sandbox.keyring import FileKeyring, WrappedKey
+from hetero.sandbox.keyring import KeyProvider, WrappedKey
 
 __all__ = ["open_object", "rewrap", "seal_object"]
 
@@ -42,7 +42,7 @@ def _header(cipher: str, wrapped: WrappedKey) -> bytes:
 
 
 def seal_object(
-    keyring: FileKeyring,
+    keyring: KeyProvider,
     key_name: str,
     cipher: str,
     partition: str,
@@ -88,7 +88,7 @@ def _parse(blob: bytes) -> tuple[str, WrappedKey, int]:
         raise DecryptionError(f"malformed envelope: {err}") from None
 
 
-def open_object(keyring: FileKeyring, partition: str, object_id: str, blob: bytes) -> bytes:
+def open_object(keyring: KeyProvider, partition: str, object_id: str, blob: bytes) -> bytes:
     """Decrypt what :func:`seal_object` produced for this partition and object id."""
     cipher, wrapped, offset = _parse(blob)
     binding = _binding(partition, object_id)
@@ -99,7 +99,7 @@ def open_object(keyring: FileKeyring, partition: str, object_id: str, blob: byte
     )
 
 
-def rewrap(keyring: FileKeyring, partition: str, object_id: str, blob: bytes) -> bytes:
+def rewrap(keyring: KeyProvider, partition: str, object_id: str, blob: bytes) -> bytes:
     """The same object with its data key re-wrapped under the newest key version; the data
     ciphertext bytes are unchanged."""
     cipher, wrapped, offset = _parse(blob)

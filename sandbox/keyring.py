@@ -13,11 +13,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hetero.framework.errors import HeteroError
 from hetero.sandbox.ciphers import NONCE_BYTES, aead
 
-__all__ = ["FileKeyring", "KeyringError", "WrappedKey"]
+__all__ = ["FileKeyring", "KeyProvider", "KeyringError", "WrappedKey"]
 
 
 class KeyringError(HeteroError, RuntimeError):
@@ -32,6 +33,18 @@ class WrappedKey:
     version: int
     nonce: bytes
     sealed: bytes
+
+
+class KeyProvider(Protocol):
+    """Where partition keys live: they wrap and unwrap data keys, and never hand themselves out."""
+
+    def wrap(self, name: str, cipher: str, data_key: bytes, aad: bytes) -> WrappedKey:
+        """Seal a data key under partition key ``name``."""
+        ...
+
+    def unwrap(self, wrapped: WrappedKey, cipher: str, aad: bytes) -> bytes:
+        """Open a wrapped data key."""
+        ...
 
 
 class FileKeyring:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from hetero.sandbox.envelope import open_object, seal_object
-from hetero.sandbox.keyring import FileKeyring
+from hetero.sandbox.keyring import KeyProvider
 
 __all__ = ["PartitionCipher"]
 
@@ -15,7 +15,7 @@ __all__ = ["PartitionCipher"]
 class PartitionCipher:
     """Implements :class:`hetero.framework.cipher.Cipher` for one partition."""
 
-    def __init__(self, keyring: FileKeyring, partition: str, key_name: str, cipher: str) -> None:
+    def __init__(self, keyring: KeyProvider, partition: str, key_name: str, cipher: str) -> None:
         self.keyring = keyring
         self.partition = partition
         self.key_name = key_name

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hetero.framework.errors import HeteroError
 from hetero.sandbox.envelope import open_object, rewrap, seal_object
-from hetero.sandbox.keyring import FileKeyring
+from hetero.sandbox.keyring import KeyProvider
 
 __all__ = ["PartitionStore", "PartitionStoreError"]
 
@@ -23,7 +23,7 @@ class PartitionStore:
     """``root/<partition>/<object id>`` files, sealed under ``key_name`` with ``cipher``."""
 
     def __init__(
-        self, root: Path, partition: str, keyring: FileKeyring, key_name: str, cipher: str
+        self, root: Path, partition: str, keyring: KeyProvider, key_name: str, cipher: str
     ) -> None:
         self.directory = root / partition
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
