@@ -120,6 +120,13 @@ class FeatureCache:
         self._hit = {name: m.hits.labels(name) for name in ("memory", "disk", "redis")}
         self._latency = {name: m.latency.labels(name) for name in ("memory", "disk", "redis")}
         self._plain = not sensitive
+        # Bytes per tier are read when /metrics is scraped, never tracked by hand.
+        if self.memory is not None:
+            memory = self.memory
+            self.metrics.bytes.labels("memory").set_function(lambda: memory.size_bytes)
+        if self.disk is not None:
+            disk = self.disk
+            self.metrics.bytes.labels("disk").set_function(lambda: disk.size_bytes)
         self._measure_tiers()
         if self.redis is not None:  # subscribe first: writes during the warm-up are heard
             self.bloom.share_through(self.redis.raw(), on_erase=self._erased_elsewhere)
@@ -346,13 +353,6 @@ class FeatureCache:
                 self._erase_local(partition=name)
         except Exception as err:
             logger.error("erasure of %s announced by another instance failed here: %s", what, err)
-
-    def refresh_gauges(self) -> None:
-        """Bytes per tier, for /metrics."""
-        if self.memory is not None:
-            self.metrics.bytes.labels("memory").set(self.memory.size_bytes)
-        if self.disk is not None:
-            self.metrics.bytes.labels("disk").set(self.disk.size_bytes)
 
     def close(self) -> None:
         """Stop the Bloom subscriber, close the disk index."""

@@ -137,12 +137,6 @@ class Topology:
         """Seconds to move ``size`` bytes from device ``src`` to device ``dst``."""
         return sum(hop.seconds(size) for hop in self.route(size, src, dst))
 
-    def direct_link(self, src: str, dst: str) -> Hop | None:
-        """The direct device-to-device link, if any."""
-        self._check(src)
-        self._check(dst)
-        return self._edges.get(src, {}).get(dst)
-
 
 def host_link(device: DeviceSpec) -> tuple[float, float]:
     """Bandwidth (bytes/s, per direction) and latency between a device and its host's memory:

@@ -73,6 +73,17 @@ def test_access_is_denied_by_default_and_every_decision_names_its_rule() -> None
     assert "department is missing" in missing.reason
 
 
+def audit_verify(log: Path, public_key: Path) -> subprocess.CompletedProcess[str]:
+    """``hetero audit verify`` as a user runs it."""
+    hetero = str(Path(sys.executable).parent / "hetero")
+    return subprocess.run(
+        [hetero, "audit", "verify", str(log), "--public-key", str(public_key)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+
+
 @pytest.fixture
 def log_files(tmp_path: Path) -> tuple[Path, Path, object]:
     key = load_or_create_signing_key(tmp_path / "audit.key")
@@ -127,19 +138,7 @@ def test_tampering_is_detected_at_the_first_broken_record(
     path.write_text("\n".join(lines) + "\n")
     report = verify(path, key.public_key())  # type: ignore[attr-defined]
     assert not report.ok and expected in report.problem
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "hetero"),
-            "audit",
-            "verify",
-            str(path),
-            "--public-key",
-            str(public),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    result = audit_verify(path, public)
     assert result.returncode == 1 and expected in result.stderr
     with pytest.raises(AuditError, match="refusing to append"):
         AuditLog(path, key)  # type: ignore[arg-type]
@@ -152,31 +151,7 @@ def test_another_signer_is_detected_and_the_cli_reports_success(
     write_records(path, key, 3)
     stranger = load_or_create_signing_key(tmp_path / "other.key")
     assert "bad signature" in verify(path, stranger.public_key()).problem
-    ok = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "hetero"),
-            "audit",
-            "verify",
-            str(path),
-            "--public-key",
-            str(public),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    ok = audit_verify(path, public)
     assert ok.returncode == 0 and ok.stdout.startswith("ok: 3 records")
-    bad_key = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "hetero"),
-            "audit",
-            "verify",
-            str(path),
-            "--public-key",
-            str(path),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    bad_key = audit_verify(path, path)
     assert bad_key.returncode == 2 and "cannot read the public key" in bad_key.stderr
