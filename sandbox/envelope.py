@@ -17,7 +17,13 @@ import struct
 from hetero.sandbox.ciphers import AES_256_GCM, NONCE_BYTES, SM4_GCM, DecryptionError, aead
 from hetero.sandbox.keyring import KeyProvider, WrappedKey
 
-__all__ = ["open_object", "rewrap", "seal_object"]
+__all__ = [
+    "open_object",
+    "open_with_data_key",
+    "rewrap",
+    "seal_object",
+    "unwrap_data_key",
+]
 
 MAGIC = b"HEV1"
 CIPHER_IDS = {AES_256_GCM: 1, SM4_GCM: 2}
@@ -94,6 +100,23 @@ def open_object(keyring: KeyProvider, partition: str, object_id: str, blob: byte
     binding = _binding(partition, object_id)
     data_key = keyring.unwrap(wrapped, cipher, binding)
     nonce = blob[offset : offset + NONCE_BYTES]
+    return aead(cipher).open(
+        data_key, nonce, blob[offset + NONCE_BYTES :], _data_aad(cipher, binding)
+    )
+
+
+def unwrap_data_key(keyring: KeyProvider, partition: str, object_id: str, blob: bytes) -> bytes:
+    """The object's data key, unwrapped by the partition key (inside the token for PKCS#11).
+    The orchestrator hands only this key to the partition's sandbox, which decrypts there."""
+    cipher, wrapped, _ = _parse(blob)
+    return keyring.unwrap(wrapped, cipher, _binding(partition, object_id))
+
+
+def open_with_data_key(data_key: bytes, partition: str, object_id: str, blob: bytes) -> bytes:
+    """Decrypt an object given its already unwrapped data key (what a sandbox worker does)."""
+    cipher, _, offset = _parse(blob)
+    nonce = blob[offset : offset + NONCE_BYTES]
+    binding = _binding(partition, object_id)
     return aead(cipher).open(
         data_key, nonce, blob[offset + NONCE_BYTES :], _data_aad(cipher, binding)
     )

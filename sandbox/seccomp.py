@@ -1,0 +1,79 @@
+"""The seccomp profile every sandbox gets, in OCI runtime-spec form.
+
+Generated here rather than taken from a distribution package (containers-common's default
+allows ``unshare`` and ``mount``). The profile allows ordinary process work and refuses, with
+``EPERM``, every call that would let a worker leave or reshape its sandbox: new namespaces,
+mounts, kernel keyrings, tracing, BPF, module loading, clock and host administration calls.
+It is a deny list over a default of allow (documented in docs/compliance.md): an allow list
+is stricter but breaks whenever a Python wheel's native code needs one more call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DENIED_SYSCALLS", "EPERM", "seccomp_profile"]
+
+EPERM = 1
+
+DENIED_SYSCALLS: tuple[str, ...] = (
+    # leaving or reshaping the sandbox
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "move_mount",
+    "open_tree",
+    # kernel keyrings
+    "keyctl",
+    "add_key",
+    "request_key",
+    # looking into other processes
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    # kernel attack surface
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "lookup_dcookie",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    # host administration
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "iopl",
+    "ioperm",
+    "syslog",
+    "vhangup",
+    "nfsservctl",
+)
+
+
+def seccomp_profile() -> dict[str, Any]:
+    """The ``linux.seccomp`` object of an OCI runtime spec (x86-64 and its compat arches)."""
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+        "syscalls": [
+            {"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+        ],
+    }
