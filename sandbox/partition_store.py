@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import re
+import time
 from pathlib import Path
 
 from hetero.framework.errors import HeteroError
@@ -27,6 +31,10 @@ class PartitionStore:
     ) -> None:
         self.directory = root / partition
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Metadata (creation time, keyed hash of the data subject) sits beside the partition,
+        # not in it: a sandbox mounts the partition and never sees who the objects are about.
+        self.meta_directory = root / ".meta" / partition
+        self.meta_directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.partition = partition
         self.keyring = keyring
         self.key_name = key_name
@@ -39,9 +47,28 @@ class PartitionStore:
             )
         return self.directory / object_id
 
-    def put(self, object_id: str, data: bytes) -> None:
-        """Store ``data`` encrypted (written to a temporary file, then renamed into place)."""
+    def _subject_tag(self, subject: str) -> str:
+        salt_path = self.meta_directory / ".salt"
+        if not salt_path.exists():
+            descriptor = os.open(salt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(os.urandom(32))
+        return hmac.new(salt_path.read_bytes(), subject.encode(), hashlib.sha256).hexdigest()
+
+    def put(
+        self, object_id: str, data: bytes, *, subject: str | None = None, now: float | None = None
+    ) -> None:
+        """Store ``data`` encrypted (written to a temporary file, then renamed into place).
+        ``subject`` names the data subject (a person) for erasure; only a keyed hash of it is
+        kept."""
         path = self._path(object_id)
+        meta = {
+            "created": time.time() if now is None else now,
+            "subject": None if subject is None else self._subject_tag(subject),
+            # the feature cache's content key (BLAKE2b-256), so erasure can drop derived entries
+            "content": hashlib.blake2b(data, digest_size=32).hexdigest(),
+        }
+        (self.meta_directory / object_id).write_text(json.dumps(meta))
         sealed = seal_object(
             self.keyring, self.key_name, self.cipher, self.partition, object_id, data
         )
@@ -61,13 +88,52 @@ class PartitionStore:
         return open_object(self.keyring, self.partition, object_id, blob)
 
     def delete(self, object_id: str) -> bool:
-        """Remove an object; whether it existed."""
+        """Remove an object and its metadata; whether it existed."""
         path = self._path(object_id)
+        (self.meta_directory / object_id).unlink(missing_ok=True)
         try:
             path.unlink()
         except FileNotFoundError:
             return False
         return True
+
+    def object_ids(self) -> list[str]:
+        """Every object in the partition, sorted."""
+        return sorted(p.name for p in self.directory.iterdir() if not p.name.startswith("."))
+
+    def _meta(self, object_id: str) -> dict[str, object]:
+        try:
+            loaded = json.loads((self.meta_directory / object_id).read_text())
+        except (OSError, ValueError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def erase_subject(self, subject: str) -> dict[str, str | None]:
+        """Delete every object stored for the data subject ``subject``. Returns each erased
+        object id with its content digest, for the feature cache's ``erase_content``."""
+        tag = self._subject_tag(subject)
+        erased: dict[str, str | None] = {}
+        for object_id in self.object_ids():
+            meta = self._meta(object_id)
+            if meta.get("subject") == tag:
+                content = meta.get("content")
+                erased[object_id] = content if isinstance(content, str) else None
+                self.delete(object_id)
+        return erased
+
+    def expire(self, retention_days: float, now: float | None = None) -> list[str]:
+        """Delete objects older than the retention period; the ids removed. Objects without
+        a recorded creation time use the file's modification time."""
+        cutoff = (time.time() if now is None else now) - retention_days * 86_400
+        expired = []
+        for object_id in self.object_ids():
+            created = self._meta(object_id).get("created")
+            if not isinstance(created, int | float):
+                created = (self.directory / object_id).stat().st_mtime
+            if created < cutoff:
+                self.delete(object_id)
+                expired.append(object_id)
+        return expired
 
     def rotate(self) -> int:
         """Re-wrap every object's data key under the newest key version; how many."""

@@ -18,6 +18,7 @@ from hetero.framework import envs
 from hetero.framework.cli.audit import run_audit_verify
 from hetero.framework.cli.bench import run_bench_cache, run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
+from hetero.framework.cli.sandbox import run_sandbox_check, run_sandbox_erase, run_sandbox_expire
 from hetero.framework.cli.simulate import run_simulate
 from hetero.framework.errors import HeteroError, PolicyValidationError
 from hetero.framework.registry import default_registry
@@ -70,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     audit_verify = audit_commands.add_parser("verify", help="check chain, hashes, signatures")
     audit_verify.add_argument("file", help="the audit log (JSON lines)")
     audit_verify.add_argument("--public-key", required=True, help="the signer's Ed25519 PEM")
+    sandbox = commands.add_parser("sandbox", help="sandbox runtimes, erasure and retention")
+    sandbox_commands = sandbox.add_subparsers(
+        dest="sandbox_command", required=True, metavar="ACTION"
+    )
+    sandbox_check = sandbox_commands.add_parser(
+        "check", help="runtimes found, the isolation each gives, and whether partitions fit"
+    )
+    sandbox_check.add_argument("--policy", default="builtin:gov-onprem", help="policy file")
+    sandbox_erase = sandbox_commands.add_parser("erase", help="erase a data subject's objects")
+    sandbox_erase.add_argument("--policy", required=True, help="policy file")
+    sandbox_erase.add_argument("--partition", required=True, help="partition name")
+    sandbox_erase.add_argument("--subject", required=True, help="the data subject's identifier")
+    sandbox_expire = sandbox_commands.add_parser("expire", help="apply retention periods")
+    sandbox_expire.add_argument("--policy", required=True, help="policy file")
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -102,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_bench_scheduler(out, args.json)
         if args.command == "audit":
             return run_audit_verify(out, err, args.file, args.public_key)
+        if args.command == "sandbox":
+            if args.sandbox_command == "check":
+                return run_sandbox_check(out, args.policy)
+            if args.sandbox_command == "erase":
+                return run_sandbox_erase(out, args.policy, args.partition, args.subject)
+            return run_sandbox_expire(out, args.policy)
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]
             return run_simulate(

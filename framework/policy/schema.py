@@ -18,6 +18,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    model_validator,
 )
 from pyrsistent import pmap
 
@@ -25,16 +26,25 @@ from hetero.framework.policy.quantities import parse_quantity
 
 __all__ = [
     "CIPHERS",
+    "CLASSIFICATIONS",
     "DEVICE_CLASSES",
+    "AccessHours",
+    "ApiKeyConfig",
+    "AttributeRule",
+    "AuditConfig",
     "BatchingConfig",
     "CacheConfig",
     "CircuitBreakerConfig",
     "DevicesConfig",
+    "MaskingConfig",
     "PartitionConfig",
     "PipelineConfig",
     "PolicySpec",
     "QosConfig",
+    "SandboxConfig",
     "SchedulerConfig",
+    "ServerConfig",
+    "ServerLimits",
     "StageConfig",
     "VariantConfig",
 ]
@@ -341,24 +351,131 @@ class CacheConfig(_Frozen):
 # --- partitions --------------------------------------------------------------------------------
 
 
+CLASSIFICATIONS = ("public", "internal", "confidential", "secret")
+Classification = Literal["public", "internal", "confidential", "secret"]
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+ClockTime = Annotated[StrictStr, Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+
+
 class AttributeRule(_Frozen):
-    """The caller's attribute must take one of these values."""
+    """The caller's attribute must take one of these values (``one_of``), or be a clearance
+    level at least this high (``at_least``, ordered public < internal < confidential < secret).
+    """
 
     attribute: Name
-    one_of: tuple[StrictStr, ...] = Field(min_length=1)
+    one_of: tuple[StrictStr, ...] | None = Field(default=None, min_length=1)
+    at_least: Classification | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> AttributeRule:
+        if (self.one_of is None) == (self.at_least is None):
+            raise ValueError("give exactly one of one_of or at_least")
+        return self
+
+
+class AccessHours(_Frozen):
+    """When a partition may be accessed: days of the week and a daily window, in the site's
+    time zone given as an offset from UTC (China Standard Time is +8)."""
+
+    days: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+    start: ClockTime = "00:00"
+    end: ClockTime = "23:59"
+    utc_offset_hours: Annotated[float, Field(ge=-12.0, le=14.0)] = 8.0
 
 
 class PartitionConfig(_Frozen):
     """A data partition: what it holds, how it is encrypted and isolated, who may touch it."""
 
     modality: Literal["text", "image", "audio", "video", "embedding"]
-    classification: Literal["public", "internal", "confidential", "secret"]
+    classification: Classification
     cipher: Literal["AES-256-GCM", "SM4-GCM"]
     key: Annotated[StrictStr, Field(pattern=r"^(file|pkcs11):.+")]
     isolation: Literal["vm", "container", "process"]
     retention_days: PositiveInt | None = None
     roles: tuple[Name, ...] = Field(min_length=1)
     attribute_rules: tuple[AttributeRule, ...] = ()
+    access_hours: AccessHours | None = None
+    purposes: tuple[Name, ...] = ()
+
+
+MaskedField = Literal["id_number", "mobile", "bank_card", "email"]
+
+
+class MaskingConfig(_Frozen):
+    """Field-level masking of outputs: each kind of field is masked unless the caller holds one
+    of the roles listed for it."""
+
+    enabled: StrictBool = True
+    clear_for: Annotated[Mapping[MaskedField, tuple[Name, ...]], AfterValidator(_freeze)] = pmap()
+
+
+class AuditConfig(_Frozen):
+    """The signed, hash-chained audit log."""
+
+    path: Name = "~/.local/state/hetero/audit.log"
+    hash: Literal["sha256", "sm3"] = "sha256"
+    signing_key: Name = "~/.config/hetero/audit-signing.pem"
+    checkpoint_every: PositiveInt = 100
+
+
+RuntimeName = Literal["kata", "gvisor", "containerd", "runc", "bwrap"]
+
+
+class SandboxConfig(_Frozen):
+    """Where sandboxes run and where partitions and keys are kept."""
+
+    runtimes: tuple[RuntimeName, ...] = ("kata", "gvisor", "containerd", "runc", "bwrap")
+    containerd_address: Name = "/run/containerd/containerd.sock"
+    state_dir: Name = "~/.local/state/hetero/sandbox"
+    partitions_dir: Name = "~/.local/state/hetero/partitions"
+    keyring: Name = "~/.config/hetero/keyring.json"
+    pkcs11_library: Name = "/usr/lib/softhsm/libsofthsm2.so"
+    pkcs11_pin_env: Name = "HETERO_PKCS11_PIN"
+    worker_memory: PositiveBytes = 2 * 2**30
+    worker_pids: PositiveInt = 256
+    worker_cpus: PositiveFloat = 1.0
+
+
+# --- server ----------------------------------------------------------------------------------
+
+
+class ApiKeyConfig(_Frozen):
+    """One API key, stored as the sha256 hex of the key; the key itself never sits in the file."""
+
+    name: Name
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+    roles: tuple[Name, ...] = ()
+    attributes: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_freeze)] = pmap()
+    max_qos_class: Name | None = None
+    sla_tier: Name | None = None
+
+
+class ServerLimits(_Frozen):
+    """What one request may carry; larger requests are refused with 413 or 400."""
+
+    max_body_bytes: PositiveBytes = 20 * 2**20
+    max_image_pixels: PositiveInt = 40_000_000
+    max_audio_seconds: PositiveFloat = 120.0
+    max_input_tokens: PositiveInt = 2048
+    max_output_tokens: PositiveInt = 512
+    max_batch_inputs: PositiveInt = 256
+
+
+class ServerConfig(_Frozen):
+    """``hetero serve``: where it listens, who may call it, what a request may carry, and how
+    each stage is run (a pinned runtime, worker threads, the queue depth that degrades)."""
+
+    host: Name = "127.0.0.1"
+    port: Annotated[StrictInt, Field(ge=0, le=65535)] = 8000
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+    api_keys_file: Name | None = None
+    limits: ServerLimits = ServerLimits()
+    runtimes: Annotated[Mapping[StrictStr, Name], AfterValidator(_freeze)] = pmap()
+    workers: Annotated[Mapping[StrictStr, PositiveInt], AfterValidator(_freeze)] = pmap()
+    threads_per_model: PositiveInt = 1
+    queue_bound: PositiveInt = 64
+    degrade_queue_depth: PositiveInt = 16
+    retry_after_s: PositiveFloat = 1.0
 
 
 # --- the whole file ----------------------------------------------------------------------------
@@ -380,3 +497,7 @@ class PolicySpec(_Frozen):
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     cache: CacheConfig = CacheConfig()
     partitions: Annotated[Mapping[StrictStr, PartitionConfig], AfterValidator(_freeze)] = pmap()
+    masking: MaskingConfig = MaskingConfig()
+    audit: AuditConfig = AuditConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    server: ServerConfig = ServerConfig()

@@ -95,8 +95,7 @@ class SandboxRuntime(abc.ABC):
     description: str
 
     def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_dir = state_dir  # created on first use: probing availability writes nothing
 
     @abc.abstractmethod
     def availability(self) -> Availability:
@@ -108,6 +107,7 @@ class SandboxRuntime(abc.ABC):
 
     def bundle(self, spec: SandboxSpec, isolation: Isolation = FULL_ISOLATION) -> Path:
         """Write the bundle for ``spec`` under the state directory."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         return write_bundle(
             self.state_dir / "bundles" / spec.sandbox_id, self.config(spec, isolation)
         )

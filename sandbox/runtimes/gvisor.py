@@ -1,7 +1,8 @@
 """gVisor's ``runsc``: a user-space kernel between the sandbox and the host (ptrace platform).
 
-It takes the same OCI bundle with two changes measured on this host kind: no ``uidMappings``
-(gVisor puts its sandbox in its own user namespace) and a pids limit large enough for the
+It takes the same OCI bundle with three changes measured on this host kind: no ``uidMappings``
+(gVisor puts its sandbox in its own user namespace), the process running as the partition's
+host uid instead of a mapped root, and a pids limit large enough for the
 sentry's own threads (a limit of 32 crashes it; 4096 works). Its host-side seccomp filters
 replace the spec's profile. ``--platform=kvm`` hangs on nested-virtualised hosts, so ptrace is
 used.
@@ -56,6 +57,10 @@ class GvisorRuntime(SandboxRuntime):
         linux.pop("uidMappings", None)
         linux.pop("gidMappings", None)
         linux["namespaces"] = [n for n in linux["namespaces"] if n["type"] != "user"]
+        process = config["process"]
+        assert isinstance(process, dict)
+        # no mapping: run as the partition's own host uid, which owns the partition directory
+        process["user"] = {"uid": spec.host_uid, "gid": spec.host_uid}
         pids = linux["resources"].get("pids")
         if pids is not None:
             pids["limit"] = max(pids["limit"], SENTRY_PIDS)

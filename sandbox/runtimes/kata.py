@@ -93,7 +93,7 @@ class KataRuntime(ContainerdRuntime):
 
     def _shim_missing(self, text: str, binary: str) -> ShimMissingError:
         return KataNotInstalledError(
-            "kata", f"Kata not installed: containerd says: {text}", INSTALL_HINT
+            "kata", f"containerd says: {text}", INSTALL_HINT
         )
 
 
