@@ -85,7 +85,8 @@ class ComplianceGate:
         if not masking.enabled:
             return value
         roles = principal.roles if principal is not None else frozenset()
-        return mask_for_roles(value, roles, masking.clear_for)
+        clearances = {str(kind): roles_ for kind, roles_ in masking.clear_for.items()}
+        return mask_for_roles(value, roles, clearances)
 
     def record(self, kind: str, *, partition: str = "", **detail: Any) -> None:
         """Audit a sandbox start/stop, key use or erasure."""

@@ -209,7 +209,10 @@ class SandboxedWorker:
 
     def process(self, object_id: str) -> dict[str, Any]:
         """Run the handler on one object of the partition inside the sandbox; its result."""
-        blob = (self.partition_dir / object_id).read_bytes()
+        path = self.partition_dir / object_id
+        blob = path.read_bytes()
+        if path.stat().st_uid != self.host_uid:  # stored after the sandbox started
+            os.chown(path, self.host_uid, self.host_uid)
         data_key = unwrap_data_key(self.keyring, self.partition, object_id, blob)
         request = {
             "op": "process",

@@ -77,6 +77,8 @@ def _answer(
         blob = (data_dir / object_id).read_bytes()
     except FileNotFoundError:
         return {"ok": False, "error": f"{partition}: no object {object_id!r} in this sandbox"}
+    except OSError as err:
+        return {"ok": False, "error": f"{partition}/{object_id}: cannot read: {err.strerror}"}
     key = base64.b64decode(str(request.get("data_key", "")))
     try:
         plaintext = open_with_data_key(key, partition, object_id, blob)

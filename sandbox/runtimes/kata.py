@@ -92,9 +92,7 @@ class KataRuntime(ContainerdRuntime):
         return super().availability()
 
     def _shim_missing(self, text: str, binary: str) -> ShimMissingError:
-        return KataNotInstalledError(
-            "kata", f"containerd says: {text}", INSTALL_HINT
-        )
+        return KataNotInstalledError("kata", f"containerd says: {text}", INSTALL_HINT)
 
 
 def _with_annotations(spec: SandboxSpec) -> SandboxSpec:

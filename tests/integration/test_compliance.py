@@ -1,0 +1,210 @@
+"""The compliance gate (access decisions audited, masking from the policy), erasure and
+retention, fail-closed runtime selection and ``hetero sandbox check``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from hetero.framework.errors import PolicyValidationError
+from hetero.framework.policy import load_policy
+from hetero.sandbox.access import Principal
+from hetero.sandbox.audit import AuditLog, load_or_create_signing_key, verify
+from hetero.sandbox.gate import AccessDeniedError, ComplianceGate
+from hetero.sandbox.keyring import FileKeyring
+from hetero.sandbox.partition_store import PartitionStore
+from hetero.sandbox.runtimes import BwrapRuntime, RuncRuntime
+from hetero.sandbox.selection import IsolationUnsatisfiableError, choose_runtime
+
+GOV = Path(__file__).parents[2] / "policies" / "gov-onprem.yaml"
+WEDNESDAY_NOON_BEIJING = datetime(2026, 11, 25, 4, 0, tzinfo=UTC)
+SUNDAY_NOON_BEIJING = datetime(2026, 11, 29, 4, 0, tzinfo=UTC)
+OFFICER = Principal(
+    "li.wei",
+    frozenset({"case_officer"}),
+    {"department": "public-security", "clearance": "secret", "purpose": "case-handling"},
+)
+
+
+def policy_text(isolation: str, runtimes: str, keyring: Path) -> str:
+    return f"""version: 1
+partitions:
+  id_cards:
+    modality: image
+    classification: secret
+    cipher: SM4-GCM
+    key: file:id-cards
+    isolation: {isolation}
+    roles: [case_officer]
+stages:
+  id_card_ocr:
+    modality: image
+    partition: id_cards
+    model_version: pp-ocrv4@1
+    variants:
+      full: {{flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB}}
+qos:
+  default_class: routine
+  classes:
+    routine: {{weight: 1, sla_tier: hour}}
+sla_tiers:
+  hour: {{deadline_ms: 3600000}}
+sandbox:
+  runtimes: {runtimes}
+  keyring: {keyring}
+  state_dir: {keyring.parent / "state"}
+"""
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> ComplianceGate:
+    audit = AuditLog(tmp_path / "audit.log", load_or_create_signing_key(tmp_path / "k.pem"))
+    return ComplianceGate(load_policy(GOV), audit, clock=lambda: WEDNESDAY_NOON_BEIJING)
+
+
+def records(gate: ComplianceGate) -> list[dict[str, object]]:
+    return [json.loads(line) for line in gate.audit.path.read_text().splitlines()]
+
+
+def test_an_officer_with_every_attribute_is_allowed_and_the_decision_is_audited(
+    gate: ComplianceGate,
+) -> None:
+    gate.authorize(OFFICER, "id_card_ocr", "req-1")
+    (record,) = records(gate)
+    assert record["decision"] == "allow" and record["partition"] == "id_cards"
+    assert record["detail"] == {
+        "stage": "id_card_ocr",
+        "request": "req-1",
+        "rule": "partitions.id_cards.roles",
+        "reason": "li.wei holds ['case_officer'] and meets 2 attribute rule(s)",
+    }
+    gate.authorize(OFFICER, "summarise", "req-2")  # no partition: nothing to decide or audit
+    assert len(records(gate)) == 1
+    assert verify(gate.audit.path, gate.audit.key.public_key()).ok
+
+
+@pytest.mark.parametrize(
+    ("principal", "rule"),
+    [
+        (None, "default-deny"),
+        (Principal("clerk", frozenset({"clerk"})), "partitions.id_cards.roles"),
+        (
+            Principal("li", OFFICER.roles, {**OFFICER.attributes, "department": "tax"}),
+            "partitions.id_cards.attribute_rules[0]",
+        ),
+        (
+            Principal("li", OFFICER.roles, {**OFFICER.attributes, "clearance": "confidential"}),
+            "partitions.id_cards.attribute_rules[1]",
+        ),
+        (
+            Principal("li", OFFICER.roles, {**OFFICER.attributes, "purpose": "marketing"}),
+            "partitions.id_cards.purposes",
+        ),
+    ],
+)
+def test_a_principal_without_the_role_or_attributes_is_refused_and_the_refusal_is_audited(
+    gate: ComplianceGate, principal: Principal | None, rule: str
+) -> None:
+    with pytest.raises(AccessDeniedError, match=rule.replace("[", r"\[").replace("]", r"\]")):
+        gate.authorize(principal, "id_card_ocr", "req-9")
+    (record,) = records(gate)
+    assert record["decision"] == "deny"
+    assert isinstance(record["detail"], dict) and record["detail"]["rule"] == rule
+
+
+def test_access_outside_the_partitions_hours_is_refused(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path / "audit.log", load_or_create_signing_key(tmp_path / "k.pem"))
+    weekend = ComplianceGate(load_policy(GOV), audit, clock=lambda: SUNDAY_NOON_BEIJING)
+    with pytest.raises(AccessDeniedError, match="access_hours"):
+        weekend.authorize(OFFICER, "id_card_ocr", "req-3")
+
+
+def test_outputs_are_masked_by_the_policys_rules(gate: ComplianceGate) -> None:
+    output = {"text": "ID 11010519491231002X tel 13812345678 card 4539578763621486"}
+    clerk = gate.mask(Principal("c", frozenset({"clerk"})), "document_ocr", output)
+    officer = gate.mask(OFFICER, "id_card_ocr", output)
+    auditor = gate.mask(Principal("a", frozenset({"auditor"})), "id_card_ocr", output)
+    assert clerk["text"] == "ID 110105********002X tel 138****5678 card ************1486"
+    assert officer["text"] == "ID 110105********002X tel 13812345678 card ************1486"
+    assert auditor["text"].startswith("ID 11010519491231002X")  # auditors see ID numbers
+
+
+def test_erasing_a_data_subject_removes_their_objects_and_names_the_cache_keys(
+    tmp_path: Path,
+) -> None:
+    keyring = FileKeyring.create(tmp_path / "keys.json", {"k": 32})
+    store = PartitionStore(tmp_path / "parts", "id_cards", keyring, "k", "AES-256-GCM")
+    store.put("a-front", b"front", subject="11010519491231002X")
+    store.put("a-back", b"back", subject="11010519491231002X")
+    store.put("b-front", b"other person", subject="440524188001010014")
+    erased = store.erase_subject("11010519491231002X")
+    assert sorted(erased) == ["a-back", "a-front"]
+    assert all(digest is not None and len(digest) == 64 for digest in erased.values())
+    assert store.object_ids() == ["b-front"]
+    assert store.erase_subject("11010519491231002X") == {}
+    meta = b"".join(p.read_bytes() for p in store.meta_directory.iterdir())
+    assert b"440524188001010014" not in meta  # only a keyed hash of the subject is kept
+
+
+def test_retention_expires_old_objects_only(tmp_path: Path) -> None:
+    keyring = FileKeyring.create(tmp_path / "keys.json", {"k": 32})
+    store = PartitionStore(tmp_path / "parts", "petitions", keyring, "k", "AES-256-GCM")
+    now = 1_800_000_000.0
+    store.put("old", b"x", now=now - 31 * 86_400)
+    store.put("new", b"y", now=now - 29 * 86_400)
+    assert store.expire(30, now=now) == ["old"]
+    assert store.object_ids() == ["new"]
+
+
+def test_a_partition_that_requires_a_vm_never_runs_on_a_weaker_runtime(tmp_path: Path) -> None:
+    policy = load_policy(GOV)
+    runtimes = [RuncRuntime(tmp_path / "runc"), BwrapRuntime(tmp_path / "bwrap")]
+    with pytest.raises(IsolationUnsatisfiableError, match=r"requires vm isolation.*add kata"):
+        choose_runtime("id_cards", policy.spec.partitions["id_cards"], runtimes)
+    container = policy.spec.partitions["public_documents"]
+    assert choose_runtime("public_documents", container, runtimes).name == "runc"
+
+
+def hetero(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hetero.framework.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_sandbox_check_says_honestly_what_this_host_cannot_satisfy() -> None:
+    result = hetero("sandbox", "check", "--policy", str(GOV))
+    assert result.returncode == 1, result.stderr
+    assert "id_cards" in result.stdout and "requires vm isolation" in result.stdout
+    assert "runc" in result.stdout and "container" in result.stdout
+
+
+def test_sandbox_check_passes_when_runtime_and_key_are_present(tmp_path: Path) -> None:
+    FileKeyring.create(tmp_path / "keyring.json", {"id-cards": 16})
+    policy = tmp_path / "site.yaml"
+    policy.write_text(policy_text("container", "[runc]", tmp_path / "keyring.json"))
+    result = hetero("sandbox", "check", "--policy", str(policy))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "satisfied" in result.stdout and "NOT" not in result.stdout
+    missing_key = tmp_path / "missing.yaml"
+    missing_key.write_text(policy_text("container", "[runc]", tmp_path / "nowhere.json"))
+    result = hetero("sandbox", "check", "--policy", str(missing_key))
+    assert result.returncode == 1 and "keyring file not found" in result.stdout
+
+
+def test_a_policy_naming_an_unknown_runtime_is_refused_with_its_line(tmp_path: Path) -> None:
+    policy = tmp_path / "bad.yaml"
+    policy.write_text(policy_text("container", "[runc, firecracker]", tmp_path / "k.json"))
+    with pytest.raises(PolicyValidationError) as caught:
+        load_policy(policy)
+    assert "sandbox.runtimes" in str(caught.value) and "bad.yaml:" in str(caught.value)
+    result = hetero("sandbox", "check", "--policy", str(policy))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
