@@ -11,6 +11,7 @@ FOLDERS = (
     "cache",
     "sandbox",
     "policies",
+    "models",
 )
 
 package_dir = {}

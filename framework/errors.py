@@ -10,6 +10,7 @@ library still catch what they expect. Errors carry their context as attributes.
     │   ├── PolicyNotFoundError(PolicyError, FileNotFoundError)     .path
     │   ├── PolicySyntaxError(PolicyError, ValueError)              .path .line
     │   └── PolicyValidationError(PolicyError, ValueError)          .path .line .key_path
+    ├── InvalidInputError(HeteroError, ValueError)
     ├── PipelineError(HeteroError, ValueError)
     │   └── CyclicPipelineError                                     .cycle
     ├── BackendError
@@ -54,6 +55,7 @@ __all__ = [
     "DeviceUnhealthyError",
     "ExecutionError",
     "HeteroError",
+    "InvalidInputError",
     "NoEligibleDeviceError",
     "OutOfDeviceMemoryError",
     "PipelineError",
@@ -114,6 +116,14 @@ class PolicyValidationError(PolicyError, ValueError):
         self.more: tuple[str, ...] = ()
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {key_path}: {problem}" if key_path else f"{where}: {problem}")
+
+
+class InvalidInputError(HeteroError, ValueError):
+    """A request's content cannot be used: undecodable image/audio, empty text, ...
+
+    Raised by the model stages instead of the decoder's or runtime's own exception, so a server
+    can answer 400 without knowing which library looked at the bytes.
+    """
 
 
 class PipelineError(HeteroError, ValueError):

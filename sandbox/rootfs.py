@@ -53,6 +53,12 @@ def busybox_rootfs(root: Path) -> Path:
             "busybox is not installed: install the Debian package busybox-static "
             "(apt-get install busybox-static)"
         )
+    with open(busybox, "rb") as binary:
+        if b"ld-linux" in binary.read(4096):  # an ELF interpreter: dynamically linked
+            raise RootfsError(
+                f"{busybox} is dynamically linked; the sandbox root needs the static one "
+                "(apt-get install busybox-static)"
+            )
     probe = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=False)
     if probe.returncode != 0 or "sh" not in probe.stdout.split():
         raise RootfsError(f"{busybox} does not list its applets: {probe.stderr.strip()}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetero.framework.errors import HeteroError
+from hetero.framework.errors import HeteroError, InvalidInputError
 from hetero.sandbox.envelope import unwrap_data_key
 from hetero.sandbox.keyring import KeyProvider
 from hetero.sandbox.oci_spec import SOCKET_DIR, SandboxSpec
@@ -207,7 +207,7 @@ class SandboxedWorker:
             send(connection, message)
             return receive(connection)
 
-    def process(self, object_id: str) -> dict[str, Any]:
+    def process(self, object_id: str, variant: str = "full") -> dict[str, Any]:
         """Run the handler on one object of the partition inside the sandbox; its result."""
         path = self.partition_dir / object_id
         blob = path.read_bytes()
@@ -218,6 +218,7 @@ class SandboxedWorker:
             "op": "process",
             "object": object_id,
             "data_key": base64.b64encode(data_key).decode(),
+            "variant": variant,
         }
         with self._lock:
             if self._process is None or self._process.poll() is not None:
@@ -232,7 +233,10 @@ class SandboxedWorker:
                     f"object {object_id!r} ({cause}); it was restarted and the object is intact"
                 ) from None
         if not answer.get("ok"):
-            raise SandboxWorkerError(str(answer.get("error", "worker refused the request")))
+            message = str(answer.get("error", "worker refused the request"))
+            if answer.get("kind") == "invalid_input":
+                raise InvalidInputError(message)
+            raise SandboxWorkerError(message)
         result = answer.get("result", {})
         return result if isinstance(result, dict) else {"result": result}
 

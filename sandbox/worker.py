@@ -29,10 +29,11 @@ from hetero.sandbox.wire import WireError, receive, send
 
 __all__ = ["main"]
 
-Handler = Callable[[bytes], dict[str, Any]]
+Handler = Callable[[bytes, str], dict[str, Any]]
 
 
-def _digest(plaintext: bytes) -> dict[str, Any]:
+def _digest(plaintext: bytes, variant: str) -> dict[str, Any]:
+    del variant
     return {"sha256": hashlib.sha256(plaintext).hexdigest(), "bytes": len(plaintext)}
 
 
@@ -47,10 +48,37 @@ def _stage_handler(stage_name: str) -> Handler:
     model = stages[stage_name]()
     model.load()
     if hasattr(model, "read"):
-        return lambda data: {"text": model.read(data).text}
+
+        def read(data: bytes, variant: str) -> dict[str, Any]:
+            result = model.read(data, variant=variant)
+            lines = [
+                {"text": line.text, "confidence": float(line.confidence), "box": _plain(line.box)}
+                for line in result.lines
+            ]
+            return {"text": result.text, "lines": lines}
+
+        return read
     if hasattr(model, "transcribe"):
-        return lambda data: {"text": model.transcribe(data).text}
+
+        def transcribe(data: bytes, variant: str) -> dict[str, Any]:
+            result = model.transcribe(data, variant=variant)
+            return {
+                "text": result.text,
+                "duration_s": float(result.duration_s),
+                "speech_s": float(result.speech_s),
+            }
+
+        return transcribe
     raise SystemExit(f"stage {stage_name!r} takes no image or audio input")
+
+
+def _plain(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
 
 
 def handler_named(name: str) -> Handler:
@@ -85,9 +113,9 @@ def _answer(
     except DecryptionError as err:
         return {"ok": False, "error": f"{partition}/{object_id}: {err}"}
     try:
-        return {"ok": True, "result": handle(plaintext)}
-    except ValueError as err:
-        return {"ok": False, "error": f"{partition}/{object_id}: {err}"}
+        return {"ok": True, "result": handle(plaintext, str(request.get("variant", "full")))}
+    except ValueError as err:  # the input itself is unusable (InvalidInputError is one)
+        return {"ok": False, "kind": "invalid_input", "error": f"{object_id}: {err}"}
 
 
 def serve(socket_path: Path, data_dir: Path, partition: str, handle: Handler) -> None:

@@ -19,6 +19,7 @@ from hetero.framework.cli.audit import run_audit_verify
 from hetero.framework.cli.bench import run_bench_cache, run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.cli.sandbox import run_sandbox_check, run_sandbox_erase, run_sandbox_expire
+from hetero.framework.cli.serve import add_server_parsers, run_server_command
 from hetero.framework.cli.simulate import run_simulate
 from hetero.framework.errors import HeteroError, PolicyValidationError
 from hetero.framework.registry import default_registry
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_erase.add_argument("--subject", required=True, help="the data subject's identifier")
     sandbox_expire = sandbox_commands.add_parser("expire", help="apply retention periods")
     sandbox_expire.add_argument("--policy", required=True, help="policy file")
+    add_server_parsers(commands)
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _configure_logging(args.debug, err)
         registry = default_registry()
+        served = run_server_command(args, out, err, registry)
+        if served is not None:
+            return served
         if args.command == "devices" and args.policy:
             return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":

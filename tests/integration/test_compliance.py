@@ -208,3 +208,33 @@ def test_a_policy_naming_an_unknown_runtime_is_refused_with_its_line(tmp_path: P
     assert "sandbox.runtimes" in str(caught.value) and "bad.yaml:" in str(caught.value)
     result = hetero("sandbox", "check", "--policy", str(policy))
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_a_malformed_audit_file_is_reported_at_its_line(tmp_path: Path) -> None:
+    key = load_or_create_signing_key(tmp_path / "k.pem")
+    log = AuditLog(tmp_path / "audit.log", key)
+    log.append("access", principal="p", partition="id_cards", decision="allow")
+    log.append("access", principal="q", partition="id_cards", decision="deny")
+    log.close()
+    lines = (tmp_path / "audit.log").read_text().splitlines()
+    (tmp_path / "audit.log").write_text(lines[0] + "\n{not json\n")
+    report = verify(tmp_path / "audit.log", key.public_key())
+    assert not report.ok and report.line == 2 and "unreadable record" in report.problem
+    from hetero.sandbox.audit import public_key_pem
+
+    (tmp_path / "pub.pem").write_bytes(public_key_pem(key))
+    result = hetero(
+        "audit", "verify", str(tmp_path / "audit.log"), "--public-key", str(tmp_path / "pub.pem")
+    )
+    assert result.returncode == 1 and "line 2" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_object_sealed_under_an_unknown_key_name_is_a_clear_error(tmp_path: Path) -> None:
+    from hetero.sandbox.envelope import open_object, seal_object
+    from hetero.sandbox.keyring import KeyringError
+
+    sealing = FileKeyring.create(tmp_path / "a.json", {"id-cards": 32})
+    other = FileKeyring.create(tmp_path / "b.json", {"voice": 32})
+    blob = seal_object(sealing, "id-cards", "AES-256-GCM", "id_cards", "x", b"data")
+    with pytest.raises(KeyringError, match="id-cards"):
+        open_object(other, "id_cards", "x", blob)

@@ -141,9 +141,7 @@ def test_a_wrongly_mounted_partition_is_still_unreadable_under_another_uid(
     assert "SECRET-B" in own_uid.stdout, own_uid
 
 
-def test_sandbox_cannot_write_its_root(
-    runc: RuncRuntime, reachable: Path, rootfs: Path
-) -> None:
+def test_sandbox_cannot_write_its_root(runc: RuncRuntime, reachable: Path, rootfs: Path) -> None:
     # a root the sandbox's uid owns, so that only the read-only mount stands in the way
     writable = reachable / "writable-rootfs"
     shutil.copytree(rootfs, writable, symlinks=True)

@@ -16,6 +16,7 @@ PACKAGED = (
     "framework",
     "backends",
     "cache",
+    "models",
     "sandbox",
     "policies",
     "setup.py",
@@ -24,7 +25,9 @@ PACKAGED = (
 )
 
 
-@pytest.mark.parametrize("bare", ["cache", "framework", "sandbox", "backends", "policies"])
+@pytest.mark.parametrize(
+    "bare", ["cache", "framework", "sandbox", "backends", "policies", "models"]
+)
 def test_folders_are_not_importable_as_bare_names(bare: str) -> None:
     assert importlib.util.find_spec(bare) is None
 
@@ -67,10 +70,11 @@ def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
         "cache",
         "sandbox",
         "policies",
+        "models",
     ):
         assert f"hetero/{folder}/__init__.py" in names, folder
         assert f"hetero/{folder}/py.typed" in names, folder
-    for sub in ("framework/policy", "framework/cli", "framework/conformance"):
+    for sub in ("framework/policy", "framework/cli", "framework/conformance", "framework/server"):
         assert f"hetero/{sub}/__init__.py" in names, sub
     for policy in ("default.yaml", "gov-onprem.yaml", "sim/8xa100.yaml", "sim/mixed-fleet.yaml"):
         assert f"hetero/policies/{policy}" in names, policy

@@ -1,0 +1,233 @@
+"""``hetero serve`` (the HTTP API on uvicorn) and ``hetero run`` (one request, in-process)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import mimetypes
+import threading
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from hetero.framework.errors import HeteroError
+from hetero.framework.policy import Policy, load_policy
+from hetero.framework.registry import Registry
+
+__all__ = ["add_server_parsers", "run_run", "run_serve", "run_server_command"]
+
+logger = logging.getLogger(__name__)
+DEFAULT_POLICY = "builtin:default"
+
+
+class UsageError(HeteroError, ValueError):
+    """A wrong argument to a server command (exit 2)."""
+
+
+def add_server_parsers(commands: Any) -> None:
+    """Add ``serve``, ``run`` and ``demo`` to the CLI's sub-command parsers."""
+    serve = commands.add_parser("serve", help="serve the HTTP API (OpenAI-compatible routes)")
+    serve.add_argument("--policy", default=DEFAULT_POLICY, help="policy file or builtin:<name>")
+    serve.add_argument("--host", default=None, help="address to bind (policy server.host)")
+    serve.add_argument("--port", type=int, default=None, help="port (policy server.port)")
+    serve.add_argument("--no-probe", action="store_true", help="skip timing each runtime")
+    run = commands.add_parser("run", help="send one request in-process and print the result")
+    run.add_argument("route", help="e.g. /v1/embeddings, /v1/image/describe, /v1/pipelines/chat")
+    run.add_argument("--input", required=True, help="input file (text, image, audio or JSON)")
+    run.add_argument("--policy", default=DEFAULT_POLICY, help="policy file or builtin:<name>")
+    run.add_argument("--output", help="where to write binary output (speech WAV)")
+    demo = commands.add_parser("demo", help="serve the default policy and send a mixed workload")
+    demo.add_argument("--policy", default=DEFAULT_POLICY, help="policy file or builtin:<name>")
+
+
+def run_server_command(
+    args: argparse.Namespace, out: Console, err: Console, registry: Registry
+) -> int | None:
+    """Run ``serve``, ``run`` or ``demo`` if that is the command; None otherwise."""
+    if args.command == "serve":
+        return run_serve(out, err, registry, args.policy, args.host, args.port, not args.no_probe)
+    if args.command == "run":
+        return run_run(out, registry, args.route, args.input, args.policy, args.output)
+    if args.command == "demo":
+        from hetero.framework.cli.demo import run_demo
+
+        return run_demo(out, err, registry, args.policy)
+    return None
+
+
+def load_with_progress(runtime: Any, err: Console) -> None:
+    """Start ``runtime``, showing one progress line per stage while models load."""
+    plan = runtime.plan()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
+        overall = progress.add_task("loading models", total=len(plan))
+        tasks = {name: progress.add_task(f"{name}: waiting", total=None) for name, _ in plan}
+
+        def report(stage: str, message: str) -> None:
+            task = tasks.get(stage)
+            if task is None:
+                return
+            progress.update(task, description=f"{stage}: {message}")
+            if message.startswith("ready"):
+                progress.update(task, total=1, completed=1)
+                progress.advance(overall)
+
+        runtime.start(report)
+
+
+def compliance_for(policy: Policy) -> tuple[Any, Any]:
+    """The policy's compliance gate and sandbox provider; (None, None) without partitions.
+    Stages with a partition run only inside their partition's sandbox."""
+    if not policy.spec.partitions:
+        return None, None
+    from hetero.sandbox.serving import SandboxedStages, build_gate
+
+    gate = build_gate(policy)
+    return gate, SandboxedStages(policy, gate)
+
+
+def run_serve(
+    out: Console,
+    err: Console,
+    registry: Registry,
+    policy_path: str,
+    host: str | None,
+    port: int | None,
+    probe: bool = True,
+) -> int:
+    """Serve until interrupted; /ready answers 503 until every model is loaded."""
+    import uvicorn
+
+    from hetero.framework.server import ServingRuntime, create_app
+
+    policy = load_policy(policy_path)
+    gate, sandboxes = compliance_for(policy)
+    runtime = ServingRuntime(
+        policy, registry=registry, probe_runtimes=probe, gate=gate, sandboxes=sandboxes
+    )
+    app = create_app(runtime, registry=registry)
+    bind_host = host or policy.spec.server.host
+    bind_port = policy.spec.server.port if port is None else port
+    if not 0 <= bind_port <= 65535:
+        raise UsageError(f"--port: {bind_port} is not a TCP port")
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=bind_host, port=bind_port, log_level="warning", access_log=False)
+    )
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_with_progress(runtime, err)
+            err.print(
+                f"[green]ready[/]: http://{bind_host}:{bind_port} ({len(runtime.stages)} "
+                f"stages, policy {policy.spec.name!r})",
+                highlight=False,
+            )
+        except BaseException as error:  # reported, then the server stops
+            failure.append(error)
+            server.should_exit = True
+
+    err.print(
+        f"hetero serve: policy {policy.spec.name!r}, listening on "
+        f"http://{bind_host}:{bind_port} (/ready is 503 until the models are loaded)",
+        highlight=False,
+    )
+    loader = threading.Thread(target=load, name="hetero-model-loader", daemon=True)
+    loader.start()
+    try:
+        server.run()
+    finally:
+        runtime.close()
+    if failure:
+        raise failure[0]
+    return 0
+
+
+def _request_for(route: str, data: bytes, path: Path, runtime: Any) -> dict[str, Any]:
+    kind = (mimetypes.guess_type(path.name)[0] or "").split("/")[0]
+    if path.suffix == ".json":
+        return {"json": json.loads(data)}
+
+    def model(stage_kind: str) -> str:
+        return str(runtime.model_id(runtime.stage_of_kind(stage_kind)))
+
+    text = data.decode("utf-8", errors="replace") if kind in ("text", "") else ""
+    if route == "/v1/embeddings":
+        return {"json": {"model": model("text_embed"), "input": text}}
+    if route == "/v1/chat/completions":
+        return {
+            "json": {
+                "model": model("llm_generate"),
+                "messages": [{"role": "user", "content": text}],
+            }
+        }
+    if route == "/v1/audio/speech":
+        return {"json": {"model": model("tts"), "input": text, "response_format": "wav"}}
+    if route == "/v1/audio/transcriptions":
+        return {"files": {"file": (path.name, data)}, "data": {"model": model("asr")}}
+    if route.startswith("/v1/pipelines/"):
+        import base64
+
+        field = "image" if kind == "image" else "audio" if kind == "audio" else "text"
+        value = text if field == "text" else base64.b64encode(data).decode()
+        return {"json": {"inputs": {field: value}}}
+    return {"files": {"file": (path.name, data)}}
+
+
+def run_run(
+    out: Console,
+    registry: Registry,
+    route: str,
+    input_path: str,
+    policy_path: str,
+    output: str | None,
+) -> int:
+    """One request through the full HTTP stack, in-process; prints the JSON answer."""
+    from fastapi.testclient import TestClient
+
+    from hetero.framework.server import ServingRuntime, create_app
+
+    path = Path(input_path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"--input: cannot read {input_path}: {error.strerror}") from error
+    if not route.startswith("/"):
+        route = "/" + route
+    policy = load_policy(policy_path)
+    gate, sandboxes = compliance_for(policy)
+    runtime = ServingRuntime(
+        policy, registry=registry, probe_runtimes=False, gate=gate, sandboxes=sandboxes
+    )
+    runtime.start()
+    try:
+        with TestClient(create_app(runtime)) as client:
+            response = client.post(route, **_request_for(route, data, path, runtime))
+    finally:
+        runtime.close()
+    kind = response.headers.get("content-type", "")
+    if kind.startswith("audio/"):
+        target = Path(output or "speech.wav")
+        target.write_bytes(response.content)
+        out.print_json(
+            json.dumps(
+                {
+                    "status": response.status_code,
+                    "wrote": str(target),
+                    "bytes": len(response.content),
+                }
+            )
+        )
+    elif kind.startswith("application/json"):
+        out.print_json(json.dumps({"status": response.status_code, "body": response.json()}))
+    else:
+        out.print_json(json.dumps({"status": response.status_code, "body": response.text}))
+    return 0 if response.status_code < 400 else 2

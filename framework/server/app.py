@@ -1,0 +1,50 @@
+"""The FastAPI application over a :class:`ServingRuntime`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+
+from hetero.framework.registry import Registry
+from hetero.framework.server import routes_modal, routes_openai, routes_ops, routes_policy
+from hetero.framework.server.auth import KeyRing
+from hetero.framework.server.errors import install_error_handlers
+from hetero.framework.server.middleware import BodyLimit, RequestMetrics
+from hetero.framework.server.runtime import ServingRuntime
+
+__all__ = ["create_app", "device_list"]
+
+logger = logging.getLogger(__name__)
+
+
+def device_list(registry: Registry | None) -> list[dict[str, Any]]:
+    """The devices of every available backend, as JSON (empty when discovery fails)."""
+    if registry is None:
+        return []
+    from hetero.framework.fleet import discover_devices
+
+    try:
+        found, _ = discover_devices(registry)
+    except Exception as err:  # a broken probe must not stop the server
+        logger.warning("device discovery failed: %s", err)
+        return []
+    return [device.to_dict() for device in found]
+
+
+def create_app(runtime: ServingRuntime, *, registry: Registry | None = None) -> FastAPI:
+    """The HTTP API; the runtime may still be loading (``/ready`` says 503 until it is)."""
+    spec = runtime.spec
+    app = FastAPI(title="hetero", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.runtime = runtime
+    app.state.keyring = KeyRing(spec.server, spec.qos, frozenset(spec.sla_tiers))
+    app.state.devices = device_list(registry)
+    install_error_handlers(app)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_modal.router)
+    app.include_router(routes_ops.router)
+    app.include_router(routes_policy.router)  # last: the policy's own routes
+    app.add_middleware(BodyLimit, limit=spec.server.limits.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=runtime.metrics)
+    return app

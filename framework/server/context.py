@@ -1,0 +1,27 @@
+"""Per-request dependencies: the runtime and the caller, taken from the app's state."""
+
+from __future__ import annotations
+
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+
+from hetero.framework.server.auth import Caller, KeyRing
+from hetero.framework.server.runtime import ServingRuntime
+
+__all__ = ["CallerDep", "caller_of", "runtime_of"]
+
+
+def runtime_of(request: Request) -> ServingRuntime:
+    """The serving runtime of the app."""
+    return cast(ServingRuntime, request.app.state.runtime)
+
+
+def caller_of(request: Request) -> Caller:
+    """Who calls (401 for a missing or wrong key when the policy has keys)."""
+    keyring = cast(KeyRing, request.app.state.keyring)
+    return keyring.caller(request.headers.get("authorization"), request.headers.get("x-hetero-qos"))
+
+
+CallerDep = Annotated[Caller, Depends(caller_of)]
+"""A route parameter of this type is the request's caller."""

@@ -1,0 +1,94 @@
+"""Request media: data URLs and base64, checked against the policy's limits before any model
+sees them, with messages that name the field."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+from hetero.framework.policy.schema import ServerLimits
+from hetero.framework.server.errors import APIError, invalid_input
+
+__all__ = ["audio_seconds", "decode_base64", "decode_data_url", "image_size"]
+
+
+def decode_base64(text: str, param: str) -> bytes:
+    """Bytes of a base64 field (a data URL is accepted too)."""
+    if text.startswith("data:"):
+        return decode_data_url(text, param)
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid_input(f"{param}: not valid base64", param) from None
+    if not data:
+        raise invalid_input(f"{param}: empty", param)
+    return data
+
+
+def decode_data_url(url: str, param: str) -> bytes:
+    """Bytes of a ``data:<type>;base64,<data>`` URL; other URLs are refused (no fetching)."""
+    if not url.startswith("data:"):
+        raise invalid_input(
+            f"{param}: only data: URLs are supported (data:image/png;base64,...); "
+            "the server does not fetch remote URLs",
+            param,
+            "unsupported_url",
+        )
+    header, sep, payload = url.partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise invalid_input(
+            f"{param}: expected a base64 data URL (data:<type>;base64,<data>)", param
+        )
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid_input(f"{param}: the data URL's payload is not valid base64", param) from None
+    if not data:
+        raise invalid_input(f"{param}: the data URL is empty", param)
+    return data
+
+
+def image_size(data: bytes, limits: ServerLimits, param: str) -> tuple[int, int]:
+    """(width, height) from the image header; 400 when it is not an image or too large."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        raise invalid_input(
+            f"{param}: not a decodable image (PNG, JPEG, WebP, ...)", param, "invalid_image"
+        ) from None
+    if width * height > limits.max_image_pixels:
+        raise APIError(
+            400,
+            f"{param}: {width}x{height} is over the limit of {limits.max_image_pixels} pixels",
+            param=param,
+            code="image_too_large",
+        )
+    return width, height
+
+
+def audio_seconds(data: bytes, limits: ServerLimits, param: str) -> float:
+    """Duration of an audio file; 400 when it is not audio or too long."""
+    import soundfile
+
+    try:
+        info = soundfile.info(io.BytesIO(data))
+        seconds = float(info.frames) / float(info.samplerate)
+    except Exception:  # libsndfile raises its own error types, and some bytes crash its sniffing
+        raise invalid_input(
+            f"{param}: not a decodable audio file (WAV, FLAC, OGG, MP3)", param, "invalid_audio"
+        ) from None
+    if seconds <= 0:
+        raise invalid_input(f"{param}: the audio is empty", param, "invalid_audio")
+    if seconds > limits.max_audio_seconds:
+        raise APIError(
+            400,
+            f"{param}: {seconds:.1f} s of audio is over the limit of "
+            f"{limits.max_audio_seconds:g} s",
+            param=param,
+            code="audio_too_long",
+        )
+    return seconds

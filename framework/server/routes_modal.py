@@ -1,0 +1,191 @@
+"""Modality routes (image describe, speech transcribe, any pipeline of the policy) and the
+peers benchmark harness's ``/embed`` and ``/vision``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from hetero.framework.scheduler.breakers import RequestProfile
+from hetero.framework.server.bodies import (
+    PipelineRequest,
+    form_file,
+    read_form,
+    read_json,
+)
+from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.errors import APIError
+from hetero.framework.server.media import decode_base64, image_size
+from hetero.framework.server.pipelines import PipelineInputs, run_pipeline
+from hetero.framework.server.runtime import ServingRuntime
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+class _MediaBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    image: str | None = None
+    audio: str | None = None
+    prompt: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class _PeerEmbed(BaseModel):
+    texts: list[str] = Field(min_length=1)
+
+
+class _PeerVision(BaseModel):
+    image_b64: str = Field(min_length=1)
+
+
+def _max_tokens(rt: ServingRuntime, asked: int | None) -> int:
+    value = asked or 64
+    if value > rt.limits.max_output_tokens:
+        raise APIError(
+            400,
+            f"max_tokens: {value} is over the limit of {rt.limits.max_output_tokens}",
+            param="max_tokens",
+        )
+    return value
+
+
+async def _media_request(request: Request, field: str) -> PipelineInputs:
+    """A multipart upload (``file`` plus optional ``prompt``) or JSON with base64 ``field``."""
+    rt = runtime_of(request)
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media == "multipart/form-data":
+        form = await read_form(request)
+        data = await form_file(form, "file")
+        prompt = form.get("prompt")
+        inputs = PipelineInputs(
+            prompt=prompt if isinstance(prompt, str) else None, max_tokens=_max_tokens(rt, None)
+        )
+    else:
+        body = await read_json(request, _MediaBody)
+        value = getattr(body, field)
+        if not value:
+            raise APIError(
+                400,
+                f"{field}: required (base64 or a data: URL), or upload a multipart 'file'",
+                param=field,
+                code="missing_input",
+            )
+        data = decode_base64(value, field)
+        inputs = PipelineInputs(prompt=body.prompt, max_tokens=_max_tokens(rt, body.max_tokens))
+    if field == "image":
+        inputs.image = data
+    else:
+        inputs.audio = data
+    return inputs
+
+
+def _route_target(rt: ServingRuntime, path: str, default: str) -> str:
+    return str(rt.spec.routes.get(path, default))
+
+
+@router.post("/v1/image/describe")
+async def image_describe(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Labels of an image and a sentence about it (the policy's image_describe pipeline)."""
+    rt = runtime_of(request)
+    inputs = await _media_request(request, "image")
+    name = _route_target(rt, "/v1/image/describe", "image_describe")
+    result = await run_pipeline(rt, name, inputs, caller, uuid.uuid4().hex)
+    labels: Any = next((o["labels"] for o in result.outputs.values() if "labels" in o), [])
+    description = next((o["text"] for o in result.outputs.values() if "finish_reason" in o), None)
+    return {
+        "labels": labels,
+        "description": description,
+        "pipeline": name,
+        "outputs": result.outputs,
+        "hetero": {"stages": [r.to_dict() for r in result.runs]},
+    }
+
+
+@router.post("/v1/speech/transcribe")
+async def speech_transcribe(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Text of an audio clip (multipart ``file`` or JSON ``audio`` in base64)."""
+    rt = runtime_of(request)
+    inputs = await _media_request(request, "audio")
+    name = _route_target(rt, "/v1/speech/transcribe", "asr")
+    result = await run_pipeline(rt, name, inputs, caller, uuid.uuid4().hex)
+    transcript: dict[str, Any] = next((o for o in result.outputs.values() if "duration_s" in o), {})
+    return {
+        "text": transcript.get("text", ""),
+        "duration_s": transcript.get("duration_s"),
+        "pipeline": name,
+        "outputs": result.outputs,
+        "hetero": {"stages": [r.to_dict() for r in result.runs]},
+    }
+
+
+@router.post("/v1/pipelines/{name}")
+async def pipeline(name: str, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Any pipeline of the policy; inputs per modality (text, base64 image, base64 audio)."""
+    rt = runtime_of(request)
+    if name not in rt.policy.pipelines:
+        known = ", ".join(sorted(rt.policy.pipelines)) or "none"
+        raise APIError(
+            404,
+            f"unknown pipeline {name!r} (pipelines: {known})",
+            param="name",
+            code="unknown_pipeline",
+        )
+    body = await read_json(request, PipelineRequest)
+    inputs = PipelineInputs(
+        text=body.inputs.text,
+        image=decode_base64(body.inputs.image, "inputs.image") if body.inputs.image else None,
+        audio=decode_base64(body.inputs.audio, "inputs.audio") if body.inputs.audio else None,
+        prompt=body.prompt,
+        max_tokens=_max_tokens(rt, body.max_tokens),
+    )
+    result = await run_pipeline(rt, name, inputs, caller, uuid.uuid4().hex)
+    return {
+        "pipeline": name,
+        "outputs": result.outputs,
+        "hetero": {"stages": [r.to_dict() for r in result.runs]},
+    }
+
+
+@router.post("/embed")
+async def peer_embed(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The peers harness's ``{"texts": [...]}`` -> ``{"embeddings": [[384 floats]...]}``."""
+    rt = runtime_of(request)
+    body = await read_json(request, _PeerEmbed)
+    if len(body.texts) > rt.limits.max_batch_inputs:
+        raise APIError(400, f"texts: over the limit of {rt.limits.max_batch_inputs}", param="texts")
+    vectors, _ = await rt.embed(body.texts, caller=caller)
+    return {"embeddings": vectors.tolist()}
+
+
+@router.post("/vision")
+async def peer_vision(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The peers harness's ``{"image_b64"}`` -> ``{"embedding": [1280 floats], "top1": int}``."""
+    rt = runtime_of(request)
+    body = await read_json(request, _PeerVision)
+    image = decode_base64(body.image_b64, "image_b64")
+    width, height = image_size(image, rt.limits, "image_b64")
+    stage = rt.stage_of_kind("vision_encode")
+    value, _ = await rt.run(
+        stage,
+        image,
+        caller=caller,
+        content=image,
+        profile=RequestProfile(image_pixels=width * height),
+    )
+    return {"embedding": value["embedding"].tolist(), "top1": _top1(stage.model, value)}
+
+
+def _top1(model: Any, value: dict[str, Any]) -> int:
+    names = getattr(model, "_labels", None)
+    if not value["labels"] or names is None:
+        return -1
+    index = getattr(model, "_hetero_label_index", None)
+    if index is None:
+        index = {str(name): i for i, name in enumerate(names)}
+        model._hetero_label_index = index
+    return int(index.get(str(value["labels"][0][0]), -1))

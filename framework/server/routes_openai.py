@@ -1,0 +1,347 @@
+"""OpenAI-compatible routes: chat completions (image parts, streaming), embeddings, audio
+transcription and speech, and the model list."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from hetero.framework.scheduler.breakers import RequestProfile
+from hetero.framework.server.auth import Caller
+from hetero.framework.server.bodies import (
+    ChatRequest,
+    EmbeddingRequest,
+    SpeechRequest,
+    form_file,
+    read_form,
+    read_json,
+)
+from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.errors import APIError
+from hetero.framework.server.media import audio_seconds, decode_data_url
+from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
+from hetero.framework.server.runtime import ServingRuntime, StageRun, StageRuntime
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _check_model(rt: ServingRuntime, kind: str, model: str, param: str = "model") -> StageRuntime:
+    stage = rt.stage_of_kind(kind)
+    accepted = {rt.model_id(stage), stage.name, stage.config.model_version}
+    if model not in accepted:
+        served = sorted(rt.model_id(s) for s in rt.stages.values() if s.kind == kind)
+        raise APIError(
+            404,
+            f"model {model!r} does not exist here; for this route use: {', '.join(served)}",
+            param=param,
+            code="model_not_found",
+        )
+    return stage
+
+
+def _stages_header(runs: list[StageRun]) -> dict[str, str]:
+    return {"X-Hetero-Stages": json.dumps([run.to_dict() for run in runs], separators=(",", ":"))}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Every model served, one per stage."""
+    rt = runtime_of(request)
+    created = int(rt.started_at)
+    data = [
+        {
+            "id": rt.model_id(stage),
+            "object": "model",
+            "created": created,
+            "owned_by": "hetero",
+            "stage": stage.name,
+            "runtime": stage.runtime,
+        }
+        for stage in rt.stages.values()
+    ]
+    return {"object": "list", "data": data}
+
+
+async def _chat_messages(
+    rt: ServingRuntime, body: ChatRequest, caller: Caller, request_id: str
+) -> tuple[list[dict[str, str]], list[StageRun]]:
+    messages: list[dict[str, str]] = []
+    runs: list[StageRun] = []
+    images = 0
+    for index, message in enumerate(body.messages):
+        if message.content is None or isinstance(message.content, str):
+            messages.append({"role": message.role, "content": message.content or ""})
+            continue
+        texts = []
+        for part_index, part in enumerate(message.content):
+            param = f"messages.{index}.content.{part_index}"
+            if part.type == "text":
+                texts.append(part.text or "")
+                continue
+            url = (
+                part.image_url
+                if isinstance(part.image_url, str) or part.image_url is None
+                else part.image_url.url
+            )
+            if not isinstance(url, str):
+                raise APIError(
+                    400, f"{param}.image_url: missing", param=param, code="invalid_value"
+                )
+            images += 1
+            if images > 4:
+                raise APIError(400, "at most 4 images per request", param=param)
+            image = decode_data_url(url, f"{param}.image_url.url")
+            context, image_runs = await describe_image(
+                rt, image, caller, request_id, with_ocr=True, param=f"{param}.image_url.url"
+            )
+            texts.append(context)
+            runs += image_runs
+        messages.append({"role": message.role, "content": "\n".join(texts)})
+    if not any(m["role"] in ("system", "developer") for m in messages):
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    for entry in messages:
+        if entry["role"] == "developer":
+            entry["role"] = "system"
+        elif entry["role"] == "tool":
+            entry["role"] = "user"
+    return messages, runs
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse | StreamingResponse:
+    """Chat; image parts (data: URLs) go through vision_encode and ocr into the prompt."""
+    rt = runtime_of(request)
+    body = await read_json(request, ChatRequest)
+    stage = _check_model(rt, "llm_generate", body.model)
+    limits = rt.limits
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(128, limits.max_output_tokens)
+    if max_tokens > limits.max_output_tokens:
+        raise APIError(
+            400,
+            f"max_tokens: {max_tokens} is over the limit of {limits.max_output_tokens}",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    messages, runs = await _chat_messages(rt, body, caller, request_id)
+    prompt_tokens = int(stage.model.chat_prompt_tokens(messages))
+    if prompt_tokens > limits.max_input_tokens:
+        raise APIError(
+            400,
+            f"messages: the prompt has {prompt_tokens} tokens, over the limit "
+            f"of {limits.max_input_tokens}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    pieces, summary, run = await rt.generate(
+        messages,
+        caller=caller,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        seed=body.seed,
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+    )
+    runs.append(run)
+    model = rt.model_id(stage)
+    created = int(time.time())
+    if not body.stream:
+        text = "".join([piece async for piece in pieces])
+        final = await summary
+        rt.metrics.generated_tokens.inc(final["completion_tokens"])
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": final["completion_tokens"],
+            "total_tokens": prompt_tokens + final["completion_tokens"],
+        }
+        return JSONResponse(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": final["finish_reason"],
+                        "logprobs": None,
+                    }
+                ],
+                "usage": usage,
+                "hetero": {"stages": [r.to_dict() for r in runs]},
+            },
+            headers=_stages_header(runs),
+        )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        payload = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield chunk({"role": "assistant", "content": ""}, None)
+            async for piece in pieces:
+                yield chunk({"content": piece}, None)
+                if await request.is_disconnected():
+                    return
+            final = await summary
+            rt.metrics.generated_tokens.inc(final["completion_tokens"])
+            yield chunk({}, final["finish_reason"])
+            if include_usage:
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": final["completion_tokens"],
+                    "total_tokens": prompt_tokens + final["completion_tokens"],
+                }
+                payload = {
+                    "id": request_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+                yield b"data: " + json.dumps(payload).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:
+            await pieces.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", **_stages_header(runs)},
+    )
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
+    """Embeddings of a string or a list of strings (``encoding_format`` float or base64)."""
+    rt = runtime_of(request)
+    body = await read_json(request, EmbeddingRequest)
+    stage = _check_model(rt, "text_embed", body.model)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts:
+        raise APIError(400, "input: must not be empty", param="input", code="invalid_value")
+    if not all(isinstance(t, str) for t in texts):
+        raise APIError(
+            400,
+            "input: token arrays are not supported; send strings",
+            param="input",
+            code="invalid_value",
+        )
+    if len(texts) > rt.limits.max_batch_inputs:
+        raise APIError(
+            400,
+            f"input: {len(texts)} inputs is over the limit of {rt.limits.max_batch_inputs}",
+            param="input",
+            code="invalid_value",
+        )
+    strings = [str(t) for t in texts]
+    tokens = 0
+    for index, text in enumerate(strings):
+        if not text.strip():
+            raise APIError(
+                400, f"input[{index}]: must not be empty", param="input", code="invalid_value"
+            )
+        count = int(stage.model.count_tokens(text))
+        if count > rt.limits.max_input_tokens:
+            raise APIError(
+                400,
+                f"input[{index}]: {count} tokens is over the limit of {rt.limits.max_input_tokens}",
+                param="input",
+                code="context_length_exceeded",
+            )
+        tokens += count
+    vectors, run = await rt.embed(strings, caller=caller)
+    data = []
+    for index, vector in enumerate(vectors):
+        value: Any = (
+            base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()
+            if body.encoding_format == "base64"
+            else vector.astype(float).tolist()
+        )
+        data.append({"object": "embedding", "index": index, "embedding": value})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": rt.model_id(stage),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        },
+        headers=_stages_header([run]),
+    )
+
+
+@router.post("/v1/audio/transcriptions", response_model=None)
+async def transcriptions(request: Request, caller: CallerDep) -> JSONResponse | PlainTextResponse:
+    """Speech to text from a multipart upload (``file``, ``model``, ``response_format``)."""
+    rt = runtime_of(request)
+    form = await read_form(request)
+    model = form.get("model")
+    if not isinstance(model, str):
+        raise APIError(400, "model: required form field", param="model", code="missing_field")
+    stage = _check_model(rt, "asr", model)
+    response_format = form.get("response_format") or "json"
+    if response_format not in ("json", "text", "verbose_json"):
+        raise APIError(
+            400,
+            f"response_format: {response_format!r} is not supported (json, text, verbose_json)",
+            param="response_format",
+            code="invalid_value",
+        )
+    audio = await form_file(form, "file")
+    seconds = audio_seconds(audio, rt.limits, "file")
+    value, run = await rt.run(
+        stage, audio, caller=caller, profile=RequestProfile(audio_seconds=seconds), content=audio
+    )
+    headers = _stages_header([run])
+    if response_format == "text":
+        return PlainTextResponse(value["text"] + "\n", headers=headers)
+    if response_format == "verbose_json":
+        return JSONResponse(
+            {
+                "task": "transcribe",
+                "language": "english",
+                "duration": value["duration_s"],
+                "text": value["text"],
+            },
+            headers=headers,
+        )
+    return JSONResponse({"text": value["text"]}, headers=headers)
+
+
+@router.post("/v1/audio/speech")
+async def speech(request: Request, caller: CallerDep) -> Response:
+    """Text to speech, as WAV."""
+    rt = runtime_of(request)
+    body = await read_json(request, SpeechRequest)
+    stage = _check_model(rt, "tts", body.model)
+    if body.response_format != "wav":
+        raise APIError(
+            400,
+            f"response_format: {body.response_format!r} is not supported (wav)",
+            param="response_format",
+            code="invalid_value",
+        )
+    if not body.input.strip():
+        raise APIError(400, "input: must not be blank", param="input", code="invalid_value")
+    audio, run = await rt.run(stage, (body.input, body.speed), caller=caller)
+    return Response(audio, media_type="audio/wav", headers=_stages_header([run]))

@@ -1,0 +1,54 @@
+"""Operations: liveness, readiness, Prometheus metrics, devices and stage placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.errors import APIError, error_response
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/ready", response_model=None)
+async def ready(request: Request) -> dict[str, Any] | JSONResponse:
+    """Readiness: 200 once every model is loaded, 503 before."""
+    rt = runtime_of(request)
+    if not rt.ready:
+        return error_response(
+            APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
+        )
+    return {"status": "ready", "stages": sorted(rt.stages), "load_s": round(rt.load_s, 3)}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(
+        generate_latest(runtime_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
+
+
+@router.get("/v1/devices")
+async def devices(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The devices found here and, per stage, the runtime it runs on and why."""
+    rt = runtime_of(request)
+    found: list[dict[str, Any]] = request.app.state.devices
+    return {
+        "devices": found,
+        "stages": rt.describe(),
+        "unserved": rt.unserved,
+        "policy": rt.spec.name,
+    }

