@@ -27,6 +27,7 @@ LIGHT_MAX_TOKENS = 16
 ROLES = frozenset({"system", "user", "assistant"})
 _CACHE_NAME = "smollm2_135m_instruct-v1"
 _PARAMS = 134_515_008
+REPETITION_PENALTY = 1.2  # over the tokens generated so far, not the prompt
 
 
 class TextGenerator(ModelStage):
@@ -153,7 +154,13 @@ class TextGenerator(ModelStage):
                     **with_cache(model.forward, cache),
                 )
             cache = cache_of(out)
-            logits = out.logits[0, -1].float()
+            logits = out.logits[0, -1].float().clone()
+            if generated:  # CTRL-style repetition penalty: a 135M model loops without it
+                seen = torch.tensor(sorted(set(generated)))
+                picked = logits[seen]
+                logits[seen] = torch.where(
+                    picked > 0, picked / REPETITION_PENALTY, picked * REPETITION_PENALTY
+                )
             if temperature == 0:
                 token = int(torch.argmax(logits))
             else:

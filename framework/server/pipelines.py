@@ -43,14 +43,14 @@ class PipelineResult:
 def image_context(labels: Sequence[Sequence[Any]] | None, text: str | None) -> str:
     """A sentence for the LLM about what the vision and OCR stages saw."""
     parts = []
-    if labels:
-        named = ", ".join(f"{str(name).split(',')[0]} ({float(p):.0%})" for name, p in labels[:3])
-        parts.append(f"an image classifier says it shows: {named}")
     if text and text.strip():
-        parts.append(f'the text written in it reads: "{text.strip()[:500]}"')
+        parts.append(f'Text written in the image: "{text.strip()[:500]}".')
+    if labels:
+        named = ", ".join(str(name).split(",")[0] for name, _ in labels[:3])
+        parts.append(f"What the image looks like: {named}.")
     if not parts:
         return "[An image was attached; nothing could be recognised in it.]"
-    return "[Attached image: " + "; ".join(parts) + ".]"
+    return "[Attached image. " + " ".join(parts) + "]"
 
 
 async def describe_image(
