@@ -156,6 +156,12 @@ def run_demo(out: Console, err: Console, registry: Registry, policy_path: str) -
     return 1 if failures else 0
 
 
+def _ms_pair(p50: float | None, p99: float | None) -> str:
+    if p50 is None or p99 is None:
+        return "-"
+    return f"{p50 * 1000:.0f} / {p99 * 1000:.0f} ms"
+
+
 def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]]) -> None:
     hits: dict[str, float] = {}
     stage_times: dict[str, list[float]] = defaultdict(list)
@@ -169,7 +175,8 @@ def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]])
         "stage",
         "model",
         "runtime (timed at warm-up)",
-        "batches",
+        "model calls",
+        "call p50 / p99",
         "cache hits",
         "light variant",
         "sandboxed",
@@ -185,6 +192,7 @@ def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]])
             row["model"],
             f"{row['runtime']} ({timings or 'only one'})",
             str(row["batches"]),
+            _ms_pair(row["batch_p50_s"], row["batch_p99_s"]),
             str(int(hits.get(row["stage"], 0))),
             str(row["light_runs"]),
             row["partition"] or "-",

@@ -539,12 +539,26 @@ class ServingRuntime:
                     "runtime_timings_s": stage.timings,
                     "pinned": stage.name in self.server.runtimes,
                     "partition": stage.config.partition,
-                    "queue_depth": stage.workers.depth if stage.workers else 0,
+                    "queue_depth": stage.workers.depth if stage.workers is not None else 0,
                     "light_runs": stage.light_runs,
-                    "batches": stage.workers.batches if stage.workers else 0,
+                    "batches": stage.workers.batches if stage.workers is not None else 0,
+                    "batch_p50_s": _quantile(stage.workers.recent_s, 0.5)
+                    if stage.workers is not None
+                    else None,
+                    "batch_p99_s": _quantile(stage.workers.recent_s, 0.99)
+                    if stage.workers is not None
+                    else None,
                 }
             )
         return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _to_cache(kind: str, value: Any) -> Any:

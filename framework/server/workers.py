@@ -10,6 +10,7 @@ worker takes what is queued (same variant, up to ``max_batch``, waiting at most
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -78,6 +79,7 @@ class StageWorkers:
         self._closed = False
         self.busy = 0
         self.batches = 0
+        self.recent_s: collections.deque[float] = collections.deque(maxlen=4096)  # per batch
         self._threads = [
             threading.Thread(target=self._loop, name=f"hetero-{stage}-{i}", daemon=True)
             for i in range(threads)
@@ -166,6 +168,7 @@ class StageWorkers:
             results = [err] * len(live)
         elapsed = time.monotonic() - started
         self.batches += 1
+        self.recent_s.append(elapsed)
         if self._metrics is not None:
             self._metrics.stage_duration.labels(self.stage, self.runtime_label, variant).observe(
                 elapsed
