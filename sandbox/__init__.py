@@ -1,10 +1,13 @@
 """Data partitions and their protection.
 
-Built so far: the ciphers (AES-256-GCM, SM4-GCM), the file keyring, envelope encryption, the
-encrypted partition store, the partition cipher the feature cache seals sensitive entries with,
-access decisions (RBAC + attribute rules), the signed hash-chained audit log and masking.
-Partition keys come from a file keyring or a PKCS#11 token (``pkcs11_keyring``, SoftHSM2 in
-tests). The sandbox runtimes arrive with the rest of the compliance issue.
+The ciphers (AES-256-GCM, SM4-GCM), key providers (a file keyring; PKCS#11 in ``pkcs11_keyring``,
+SoftHSM2 in tests), envelope encryption, the encrypted partition store with erasure and
+retention, the partition cipher the feature cache seals sensitive entries with, access decisions
+(RBAC + attribute rules), the compliance gate, the signed hash-chained audit log, masking, and
+the sandboxes: one OCI spec generator (``oci_spec``) for the runtimes in ``runtimes`` (runc,
+containerd, Kata, gVisor, bubblewrap), the worker that runs inside (``worker``) and its host side
+(``sandboxed_worker``), runtime selection that fails closed (``selection``) and the server's
+sandboxed stages (``serving``). See docs/compliance.md.
 """
 
 from hetero.sandbox.access import AccessDecision, Principal, decide
