@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from hetero.framework.engine.metrics import EngineMetrics
 from hetero.framework.engine.requests import EngineResult, RequestState
 from hetero.framework.engine.worker import BatchOutcome, DeviceWorker
 from hetero.framework.errors import (
+    HeteroError,
     NoEligibleDeviceError,
     RequestTimeoutError,
     ShedError,
@@ -47,7 +48,22 @@ from hetero.framework.scheduler import (
 )
 from hetero.framework.stage_cache import StageCache
 
-__all__ = ["Engine"]
+__all__ = ["AccessGate", "AccessRefusedError", "Engine"]
+
+
+class AccessGate(Protocol):
+    """Decides whether a principal may run a stage that touches a partition (and records the
+    decision); raises a ``PermissionError`` to refuse. ``hetero.sandbox.gate.ComplianceGate``
+    is the implementation."""
+
+    def authorize(self, principal: Any, stage: str, request_id: str) -> None:
+        """Return to allow; raise to refuse."""
+        ...
+
+
+class AccessRefusedError(HeteroError, PermissionError):
+    """A request reaches a partition the engine may not touch."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +86,10 @@ class Engine:
         placement: Override the policy's placement policy.
         cache: Stage outputs by input content (``hetero.cache.StageOutputCache``): a step whose
             inputs were seen before skips its device; a computed step is offered to it.
+        gate: Access decisions for stages with a partition
+            (``hetero.sandbox.gate.ComplianceGate``), asked for every such step before the
+            request is queued; its refusal is raised from :meth:`submit`. Without a gate, a
+            route that reaches a partition is refused: sensitive data is never run unchecked.
     """
 
     def __init__(
@@ -81,9 +101,11 @@ class Engine:
         fleet: Fleet | None = None,
         placement: str | None = None,
         cache: StageCache | None = None,
+        gate: AccessGate | None = None,
     ) -> None:
         self.policy = policy
         self.cache = cache
+        self.gate = gate
         self.graphs = dict(graphs)
         self.fleet = fleet or resolve_fleet(policy, registry)
         self.clock = WallClock()
@@ -177,12 +199,16 @@ class Engine:
         *,
         qos_class: str | None = None,
         profile: RequestProfile | None = None,
+        principal: Any = None,
     ) -> Future[EngineResult]:
         """Start a request; its future holds the sink steps' outputs. Cancelling the future
-        cancels the request.
+        cancels the request. ``principal`` (``hetero.sandbox.Principal``) is who asks; the
+        gate decides on it for every step that touches a partition.
 
         Raises:
             UnknownRouteError: the policy has no such route.
+            PermissionError: a step touches a partition and the gate refused (or there is no
+                gate); nothing was queued.
             ShedError: admission refused it (``status`` 429, ``retry_after_s``), or the engine
                 is shutting down (503).
             KeyError: unknown QoS class.
@@ -195,6 +221,8 @@ class Engine:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
         deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        request_id = f"req-{next(_request_ids)}"
+        self._authorize(route, principal, request_id)
         variant = "full"
         with self._lock:
             if self._stopping:
@@ -215,7 +243,7 @@ class Engine:
         now = self.clock.now()
         future: Future[EngineResult] = Future()
         state = RequestState(
-            request_id=f"req-{next(_request_ids)}",
+            request_id=request_id,
             route=route,
             pipeline=self.policy.pipeline_for_route(route),
             payload={name: np.asarray(value) for name, value in payload.items()},
@@ -244,6 +272,20 @@ class Engine:
         future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
         self._wake.set()
         return future
+
+    def _authorize(self, route: str, principal: Any, request_id: str) -> None:
+        pipeline = self.policy.pipeline_for_route(route)
+        for step in pipeline.order:
+            stage = pipeline.steps[step].stage
+            partition = self.policy.spec.stages[stage].partition
+            if partition is None:
+                continue
+            if self.gate is None:
+                raise AccessRefusedError(
+                    f"route {route}: stage {stage!r} touches partition {partition!r} and this "
+                    "engine has no compliance gate"
+                )
+            self.gate.authorize(principal, stage, request_id)
 
     def run(
         self,

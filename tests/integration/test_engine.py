@@ -3,6 +3,7 @@ failure injection (a backend that raises on demand), timeouts and bad input."""
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import wait
 from typing import Any, ClassVar
@@ -325,3 +326,43 @@ def test_a_repeated_request_is_answered_from_the_feature_cache(tmp_path: Any) ->
             )
     finally:
         features.close()
+
+
+SENSITIVE_POLICY = (
+    POLICY.replace(
+        "  encode:\n    modality: text\n",
+        "  encode:\n    modality: text\n    partition: letters\n",
+    )
+    + """partitions:
+  letters:
+    modality: text
+    classification: confidential
+    cipher: AES-256-GCM
+    key: file:letters
+    isolation: process
+    roles: [clerk]
+"""
+)
+
+
+def test_a_sensitive_step_is_checked_and_audited_before_it_is_queued(tmp_path: Any) -> None:
+    from hetero.sandbox import AuditLog, Principal
+    from hetero.sandbox.audit import load_or_create_signing_key
+    from hetero.sandbox.gate import AccessDeniedError, ComplianceGate
+
+    policy = load_policy_text(SENSITIVE_POLICY, "sensitive.yaml")
+    x = RNG.standard_normal((2, 16)).astype(np.float32)
+    with Engine(policy, flaky_registry(), GRAPHS) as ungated:
+        with pytest.raises(PermissionError, match="no compliance gate"):
+            ungated.submit("/two", {"x": x})
+    audit = AuditLog(tmp_path / "audit.log", load_or_create_signing_key(tmp_path / "k.pem"))
+    gate = ComplianceGate(policy, audit)
+    with Engine(policy, flaky_registry(), GRAPHS, gate=gate) as engine:
+        with pytest.raises(AccessDeniedError, match="partitions.letters.roles"):
+            engine.submit("/two", {"x": x}, principal=Principal("eve", frozenset({"guest"})))
+        clerk = Principal("ann", frozenset({"clerk"}))
+        result = engine.submit("/two", {"x": x}, principal=clerk).result(timeout=60)
+        np.testing.assert_allclose(result.outputs["head"]["y"], expected(x), rtol=1e-4, atol=1e-4)
+    records = [json.loads(line) for line in audit.path.read_text().splitlines()]
+    assert [(r["principal"], r["decision"]) for r in records] == [("eve", "deny"), ("ann", "allow")]
+    assert sum(FlakyNpuBackend.runs.values()) >= 1  # only the allowed request ran
