@@ -352,13 +352,15 @@ def test_a_sensitive_step_is_checked_and_audited_before_it_is_queued(tmp_path: A
 
     policy = load_policy_text(SENSITIVE_POLICY, "sensitive.yaml")
     x = RNG.standard_normal((2, 16)).astype(np.float32)
-    with Engine(policy, flaky_registry(), GRAPHS) as ungated:
-        with pytest.raises(PermissionError, match="no compliance gate"):
-            ungated.submit("/two", {"x": x})
+    with (
+        Engine(policy, flaky_registry(), GRAPHS) as ungated,
+        pytest.raises(PermissionError, match="no compliance gate"),
+    ):
+        ungated.submit("/two", {"x": x})
     audit = AuditLog(tmp_path / "audit.log", load_or_create_signing_key(tmp_path / "k.pem"))
     gate = ComplianceGate(policy, audit)
     with Engine(policy, flaky_registry(), GRAPHS, gate=gate) as engine:
-        with pytest.raises(AccessDeniedError, match="partitions.letters.roles"):
+        with pytest.raises(AccessDeniedError, match=r"partitions\.letters\.roles"):
             engine.submit("/two", {"x": x}, principal=Principal("eve", frozenset({"guest"})))
         clerk = Principal("ann", frozenset({"clerk"}))
         result = engine.submit("/two", {"x": x}, principal=clerk).result(timeout=60)
