@@ -153,8 +153,9 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThre
     from hetero.framework.server.stages import KINDS, discover_stage_models
 
     found = discover_stage_models(default_registry())
-    if set(KINDS) - set(found):
-        pytest.skip(f"real model stages missing: {sorted(set(KINDS) - set(found))}")
+    missing = sorted(set(KINDS) - set(found))
+    if missing:
+        pytest.fail(f"real model stages missing (make venv installs them): {missing}")
     runtime = ServingRuntime(
         load_policy("builtin:default"), cache_directory=tmp_path_factory.mktemp("real-cache")
     )

@@ -1,5 +1,5 @@
 """End to end with the real `openai` SDK against ONE real server on the default policy and real
-models (skipped when the model stages are not installed)."""
+models (the `models` extra, which `make venv` installs)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
 from conftest import ServerThread
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero.framework.server.samples import text_page_png
-
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
