@@ -69,6 +69,17 @@ def run_sandbox_erase(console: Console, policy_path: str, partition: str, subjec
     console.print(f"erased {len(erased)} object(s) from {partition}", highlight=False)
     for object_id in sorted(erased):
         console.print(f"  {object_id}", highlight=False)
+    cache_config = load_policy(policy_path).spec.cache
+    digests = sorted({d for d in erased.values() if d is not None})
+    if cache_config.enabled and digests:
+        from hetero.cache.feature_cache import FeatureCache
+
+        cache = FeatureCache(cache_config)
+        try:
+            dropped = sum(cache.erase_content(digest) for digest in digests)
+        finally:
+            cache.close()
+        console.print(f"dropped {dropped} derived feature-cache entr(ies)", highlight=False)
     return 0
 
 

@@ -238,3 +238,39 @@ def test_an_object_sealed_under_an_unknown_key_name_is_a_clear_error(tmp_path: P
     blob = seal_object(sealing, "id-cards", "AES-256-GCM", "id_cards", "x", b"data")
     with pytest.raises(KeyringError, match="id-cards"):
         open_object(other, "id_cards", "x", blob)
+
+
+def test_sandbox_erase_removes_the_subjects_objects_and_their_cached_features(
+    tmp_path: Path,
+) -> None:
+    from hetero.cache.feature_cache import FeatureCache
+    from hetero.cache.keys import feature_key
+
+    FileKeyring.create(tmp_path / "keyring.json", {"id-cards": 16})
+    policy = tmp_path / "site.yaml"
+    policy.write_text(
+        policy_text("container", "[runc]", tmp_path / "keyring.json")
+        + f"  partitions_dir: {tmp_path / 'parts'}\n"
+        + f"cache: {{redis: {{enabled: false}}, disk: {{path: {tmp_path / 'features'}}}}}\n"
+    )
+    spec = load_policy(policy).spec
+    keyring = FileKeyring(tmp_path / "keyring.json")
+    store = PartitionStore(tmp_path / "parts", "id_cards", keyring, "id-cards", "SM4-GCM")
+    store.put("front", b"scan of a card", subject="11010519491231002X")
+    store.put("other", b"someone else", subject="440524188001010014")
+    cache = FeatureCache(spec.cache)
+    derived = feature_key(b"scan of a card", stage="id_card_ocr", model_version="pp-ocrv4@1")
+    kept = feature_key(b"someone else", stage="id_card_ocr", model_version="pp-ocrv4@1")
+    cache.put(derived, {"text": "derived"})
+    cache.put(kept, {"text": "kept"})
+    cache.close()
+    result = hetero(
+        "sandbox", "erase", "--policy", str(policy), "--partition", "id_cards",
+        "--subject", "11010519491231002X",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "erased 1 object(s)" in result.stdout and "front" in result.stdout
+    assert store.object_ids() == ["other"]
+    cache = FeatureCache(spec.cache)
+    assert cache.get(derived) is None and cache.get(kept) == {"text": "kept"}
+    cache.close()
