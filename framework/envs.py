@@ -11,14 +11,24 @@
 ``HETERO_SIM_POLICY``          Policy whose ``devices.simulated`` the ``sim`` backend offers
                                when built through the registry (default
                                ``builtin:sim/mixed-fleet``).
+``HETERO_MODEL_CACHE``         Where the built-in models keep derived files (exported ONNX,
+                               converted weights); default ``~/.cache/hetero/models``.
 =============================  ==========================================================
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["EnvError", "backend_autoload", "log_level", "plugin_allow_list", "sim_policy"]
+__all__ = [
+    "EnvError",
+    "backend_autoload",
+    "log_level",
+    "model_cache",
+    "plugin_allow_list",
+    "sim_policy",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -58,3 +68,9 @@ def log_level() -> str:
 def sim_policy() -> str:
     """Policy (path or ``builtin:<name>``) the sim backend reads its devices from."""
     return os.environ.get("HETERO_SIM_POLICY", "").strip() or "builtin:sim/mixed-fleet"
+
+
+def model_cache() -> Path:
+    """``HETERO_MODEL_CACHE``, or ``~/.cache/hetero/models`` when unset (user expanded)."""
+    raw = os.environ.get("HETERO_MODEL_CACHE", "").strip()
+    return Path(raw or "~/.cache/hetero/models").expanduser()

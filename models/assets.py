@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
+from hetero.framework import envs
+
 __all__ = [
-    "CACHE_ENV",
     "build_once",
     "file_lock",
     "model_cache_dir",
@@ -29,8 +30,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "HETERO_MODEL_CACHE"
-_DEFAULT_CACHE = Path("~/.cache/hetero/models")
 
 
 def package_dir(module: str) -> Path:
@@ -65,8 +64,7 @@ def model_cache_dir(explicit: Path | None = None) -> Path:
     """The cache folder: ``explicit``, else ``$HETERO_MODEL_CACHE``, else ~/.cache/hetero/models."""
     if explicit is not None:
         return Path(explicit).expanduser()
-    env = os.environ.get(CACHE_ENV, "").strip()
-    return Path(env).expanduser() if env else _DEFAULT_CACHE.expanduser()
+    return envs.model_cache()
 
 
 @contextlib.contextmanager
@@ -98,10 +96,17 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
         logger.info("building model artefact %s", target)
         try:
             build(tmp)
+            _world_readable(tmp)  # public weights; sandboxed workers read them as another uid
             os.replace(tmp, target)
         finally:
             _remove(tmp)
     return target
+
+
+def _world_readable(path: Path) -> None:
+    paths = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for entry in paths:
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
 
 
 def _remove(path: Path) -> None:

@@ -65,6 +65,7 @@ class SandboxedWorker:
             directories are owned by it, so no other partition's sandbox can read them.
         handler: ``digest`` or ``stage:NAME``.
         extra_mounts: Further read-only paths the worker needs (model files).
+        extra_env: Further ``NAME=value`` environment entries for the worker.
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class SandboxedWorker:
         handler: str = "digest",
         limits: WorkerLimits = WorkerLimits(),
         extra_mounts: tuple[Path, ...] = (),
+        extra_env: tuple[str, ...] = (),
     ) -> None:
         self.runtime = runtime
         self.partition = partition
@@ -89,6 +91,7 @@ class SandboxedWorker:
         self.handler = handler
         self.limits = limits
         self.extra_mounts = extra_mounts
+        self.extra_env = extra_env
         self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -141,7 +144,7 @@ class SandboxedWorker:
                 "PYTHONDONTWRITEBYTECODE=1",
                 "OMP_NUM_THREADS=1",
                 "HF_HUB_OFFLINE=1",
-                *(f"{k}={v}" for k, v in os.environ.items() if k == "HETERO_MODEL_CACHE"),
+                *self.extra_env,
             ),
             memory_bytes=self.limits.memory_bytes,
             pids=self.limits.pids,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hetero.framework import envs
 from hetero.framework.policy import Policy
 from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
 from hetero.sandbox.gate import ComplianceGate
@@ -82,6 +83,8 @@ class SandboxedStages:
         self.limits = WorkerLimits(
             memory_bytes=config.worker_memory, pids=config.worker_pids, cpus=config.worker_cpus
         )
+        self.model_cache = envs.model_cache()  # bound read-only into each worker
+        self.model_cache.mkdir(parents=True, exist_ok=True)
         names = sorted(policy.spec.partitions)
         self._uids = {name: FIRST_HOST_UID + UID_RANGE * i for i, name in enumerate(names)}
 
@@ -142,6 +145,8 @@ class _SandboxedModel:
             host_uid=host_uid,
             handler=f"stage:{kind}",
             limits=owner.limits,
+            extra_mounts=(owner.model_cache,),
+            extra_env=(f"HETERO_MODEL_CACHE={owner.model_cache}",),
         )
         self._loaded = False
         self._lock = threading.Lock()
@@ -152,13 +157,26 @@ class _SandboxedModel:
         return self._loaded
 
     def prepare(self) -> None:
-        """Nothing to prepare outside the sandbox."""
+        """Prepared in :meth:`load`."""
+
+    def prepare_model(self) -> None:
+        """Build the stage model's cached artefacts here, where the cache is writable."""
+        from hetero.framework.registry import default_registry
+
+        registry = default_registry()
+        registry.load_plugins()
+        model_class = registry.extensions("stage_model").get(self.kind)
+        if model_class is None:
+            raise RuntimeError(f"no {self.kind} model plugin is installed")
+        model_class(cache_dir=self.owner.model_cache).prepare()
 
     def load(self) -> None:
-        """Start the partition's sandbox (the model loads inside it)."""
+        """Prepare the model's derived files on the host (exports, converted weights), then
+        start the partition's sandbox, which mounts them read-only and loads the model."""
         with self._lock:
             if self._loaded:
                 return
+            self.prepare_model()
             self.worker.start()
             self._loaded = True
         self.owner.gate.record(

@@ -42,6 +42,14 @@ partitions:
     roles: [case_officer]
     attribute_rules:
       - {{attribute: department, one_of: [public-security]}}
+  petitions:
+    modality: audio
+    classification: confidential
+    cipher: AES-256-GCM
+    key: file:petitions
+    isolation: container
+    retention_days: 180
+    roles: [case_officer]
 stages:
   id_card_ocr:
     modality: image
@@ -49,8 +57,15 @@ stages:
     model_version: pp-ocrv4@1
     variants:
       full: {{flops_per_item: 8 GFLOPS, bytes_per_item: 120 MB}}
+  petition_asr:
+    modality: audio
+    partition: petitions
+    model_version: whisper-tiny.en@1
+    variants:
+      full: {{flops_per_item: 30 GFLOPS, bytes_per_item: 400 MB}}
 routes:
   /v1/id-cards/read: id_card_ocr
+  /v1/petitions/transcribe: petition_asr
 qos:
   default_class: routine
   classes:
@@ -84,7 +99,7 @@ def site() -> Iterator[Path]:
         pytest.fail("runc is not installed: .ci/run installs it with apt")
     directory = Path(tempfile.mkdtemp(prefix="hetero-serving-sandbox-"))
     directory.chmod(0o711)
-    FileKeyring.create(directory / "keyring.json", {"id-cards": 16})
+    FileKeyring.create(directory / "keyring.json", {"id-cards": 16, "petitions": 32})
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -157,3 +172,27 @@ def test_the_audit_log_verifies(client: TestClient, site: Path) -> None:
 
     key = load_pem_private_key((site / "audit.pem").read_bytes(), password=None)
     assert verify(site / "audit.log", key.public_key()).ok  # type: ignore[arg-type]
+
+
+def test_speech_is_transcribed_inside_its_own_partitions_sandbox(
+    client: TestClient, site: Path
+) -> None:
+    import base64
+
+    from hetero.models.tts import SpeechSynthesizer
+
+    voice = SpeechSynthesizer()
+    voice.load()
+    wav = voice.synthesize("Please fix the street light.", deterministic=True).wav_bytes()
+    response = client.post(
+        "/v1/petitions/transcribe",
+        json={"inputs": {"audio": base64.b64encode(wav).decode()}},
+        headers={"Authorization": f"Bearer {OFFICER_KEY}"},
+    )
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"].values()
+    assert "street light" in output["text"].lower()
+    # retained (180 days) in its own partition, sealed; the id-card partition got nothing
+    (kept,) = [p for p in (site / "partitions" / "petitions").iterdir()]
+    assert wav not in kept.read_bytes() and kept.stat().st_uid == 165_536
+    assert list((site / "partitions" / "id_cards").iterdir()) == []
