@@ -12,6 +12,7 @@ and lifecycle, not VM isolation.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -89,10 +90,30 @@ class KataRuntime(ContainerdRuntime):
                 return Availability(
                     False, lines[-1] if lines else "kata-runtime check failed", INSTALL_HINT
                 )
-        return super().availability()
+        found = super().availability()
+        version = kata_version() if self.check_host else None
+        if found.available and version is not None:
+            return Availability(True, f"Kata {version}; {found.detail}")
+        return found
 
     def _shim_missing(self, text: str, binary: str) -> ShimMissingError:
         return KataNotInstalledError("kata", f"containerd says: {text}", INSTALL_HINT)
+
+
+def kata_version() -> str | None:
+    """Kata's version from ``kata-runtime env --json`` (``Runtime.Version.Version.Semver``)."""
+    try:
+        env = subprocess.run(
+            ["kata-runtime", "env", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        semver = json.loads(env.stdout)["Runtime"]["Version"]["Version"]["Semver"]
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return None
+    return str(semver)
 
 
 def _with_annotations(spec: SandboxSpec) -> SandboxSpec:
