@@ -7,6 +7,10 @@ Scenarios: ref-8xa100, thrash, mixed-fleet and azure-conv simulated under every 
 policy on identical arrivals (``benchmarks/scenarios/run.py``); tables, JSON and plots go to
 ``results/scenarios/<name>/``.
 
+Serving: hetero's server against an in-process loop and a plain FastAPI baseline on the same
+models and a 70/30 embed/vision closed-loop load (``hetero bench serve``); the JSON report goes
+to ``results/serve.json``.
+
 npu runtimes: the same reference graphs on OpenVINO (f32) and ONNX Runtime (CPU provider),
 interleaved in one run so machine noise hits both; the ratio is OpenVINO's median latency over
 ONNX Runtime's.
@@ -69,8 +73,27 @@ def bench_cache() -> None:
     run_bench_cache(Console(), as_json=False)
 
 
+def bench_serve() -> None:
+    """Serving figures against an in-process loop and FastAPI (``hetero bench serve``)."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from hetero.framework.server.bench import run_serve_bench
+    from hetero.framework.server.bench_report import print_report
+
+    result = run_serve_bench(progress=print)
+    target = Path(__file__).resolve().parent.parent / "results" / "serve.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print_report(Console(), result)
+    print(f"wrote {target}")
+
+
 if __name__ == "__main__":
     bench_npu_runtimes()
     bench_scheduler()
     bench_cache()
+    bench_serve()
     bench_scenarios()

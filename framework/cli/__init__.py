@@ -53,8 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", help="show the devices this policy uses (its simulated fleet), with topology"
     )
     bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
-    bench.add_argument("target", choices=["scheduler", "cache"], help="what to measure")
+    bench.add_argument("target", choices=["scheduler", "cache", "serve"], help="what to measure")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument(
+        "--seconds", type=float, default=5.0, help="serve: measured seconds per point"
+    )
+    bench.add_argument(
+        "--concurrency", default="1,8,32", help="serve: closed-loop clients per point, e.g. 1,8,32"
+    )
     simulate = commands.add_parser(
         "simulate", help="simulate placement policies side by side on a workload"
     )
@@ -116,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":
             return run_devices(out, registry, args.json)
+        if args.command == "bench" and args.target == "serve":
+            from hetero.framework.server.bench_report import parse_concurrency, run_bench_serve
+
+            try:
+                levels = parse_concurrency(args.concurrency)
+            except ValueError as error:
+                parser.error(str(error))
+            return run_bench_serve(out, args.json, args.seconds, levels)
         if args.command == "bench" and args.target == "cache":
             return run_bench_cache(out, args.json)
         if args.command == "bench":

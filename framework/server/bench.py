@@ -1,0 +1,221 @@
+"""``hetero bench serve``: hetero's server against an in-process loop and a plain FastAPI
+baseline, side by side in one run, on the peers harness's load (closed loop, 70 % ``/embed`` of
+1-4 sentences, 30 % ``/vision`` of a 68-223 KB image) and the same ``hetero.models`` stages.
+
+Per stack: a cold-cache run at each concurrency (every request's content is new) and a run where
+30 % of requests repeat earlier content, which only hetero's feature cache can turn into less
+work. FastAPI and hetero run as child processes, so their start-up (launch to ready) and idle
+memory (RSS of the process tree, both models loaded and warmed) are theirs alone. ONNX Runtime
+spin-waiting is off for every stack, or on for every stack with ``spin=True``. Timing is never
+pass/fail: the report gives figures, ratios and the goals they are read against.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hetero.framework.server import bench_procs
+from hetero.framework.server.bench_load import closed_loop, inprocess_loop
+from hetero.framework.server.bench_mix import RequestMix, new_nonce
+
+__all__ = ["DEFAULT_CONCURRENCY", "POLICY", "REPEAT_SHARE", "ratios", "run_serve_bench"]
+
+DEFAULT_CONCURRENCY = (1, 8, 32)
+REPEAT_SHARE = 0.3
+POLICY = "builtin:bench-serve"
+READY_TIMEOUT_S = 120.0
+RAY_SERVE_C8_REQ_S = 54.0  # the peers' figure on this machine kind (spin off); not this run
+Progress = Callable[[str], None]
+
+
+def _warmup_s(seconds: float) -> float:
+    return min(5.0, max(1.0, seconds / 4))
+
+
+def _inprocess(seconds: float, threads: int) -> dict[str, Any]:
+    """The same model stages called directly, one request at a time (no HTTP, no JSON)."""
+    from hetero.models.embed import TextEmbedder
+    from hetero.models.vision import VisionEncoder
+
+    embedder, encoder = TextEmbedder(threads=threads), VisionEncoder(threads=threads)
+    began = time.perf_counter()
+    embedder.load()
+    encoder.load()
+    load_s = time.perf_counter() - began
+
+    def handle(route: str, payload: dict[str, Any]) -> Any:
+        if route == "/embed":
+            return embedder.embed(payload["texts"]).tolist()
+        result = encoder.encode([base64.b64decode(payload["image_b64"])])[0]
+        return result.embedding.tolist(), bench_procs.top1(encoder, result)
+
+    try:
+        mix = RequestMix(new_nonce())
+        point = inprocess_loop(handle, mix, warmup_s=_warmup_s(seconds), seconds=seconds)
+    finally:
+        embedder.close()
+        encoder.close()
+    return {"load_s": round(load_s, 2), "points": {"1": point}}
+
+
+def _warm(url: str) -> None:
+    """A few requests of each kind, so idle memory is measured with both models exercised."""
+    mix = RequestMix(new_nonce())
+    stream = mix.stream(0)
+    seen: dict[str, int] = {}
+    with httpx.Client(base_url=url, timeout=60.0, trust_env=False) as client:
+        while min(seen.get("/embed", 0), seen.get("/vision", 0)) < 3:
+            request = next(stream)
+            response = client.post(
+                request.route, content=request.body, headers={"content-type": "application/json"}
+            )
+            response.raise_for_status()
+            seen[request.route] = seen.get(request.route, 0) + 1
+
+
+def _served(
+    args: list[str],
+    ready_path: str,
+    seconds: float,
+    concurrency: Sequence[int],
+    logs: Path,
+    progress: Progress,
+    label: str,
+) -> dict[str, Any]:
+    port = bench_procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = logs / f"{label}.log"
+    argv = [a.replace("{port}", str(port)) for a in args]
+    began = time.perf_counter()
+    process = bench_procs.start(argv, log)
+    try:
+        try:
+            bench_procs.wait_ready(url, ready_path, process, READY_TIMEOUT_S)
+        except RuntimeError as err:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{label}: {err}\n{tail}") from err
+        startup_s = time.perf_counter() - began
+        _warm(url)
+        time.sleep(0.5)
+        out: dict[str, Any] = {
+            "startup_s": round(startup_s, 2),
+            "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
+            "points": {},
+            "repeated": {},
+        }
+        for mode, share in (("points", 0.0), ("repeated", REPEAT_SHARE)):
+            for workers in concurrency:
+                progress(f"{label}: {mode} at concurrency {workers}")
+                mix = RequestMix(new_nonce(), repeat_share=share)
+                out[mode][str(workers)] = closed_loop(
+                    url, mix, workers, warmup_s=_warmup_s(seconds), seconds=seconds
+                )
+        out["rss_after_load_mb"] = bench_procs.tree_rss_mb(process.pid)
+        if ready_path == "/ready":
+            with httpx.Client(base_url=url, timeout=10.0, trust_env=False) as client:
+                out["stages"] = client.get("/v1/devices").json().get("stages", [])
+        return out
+    finally:
+        bench_procs.stop(process)
+
+
+def run_serve_bench(
+    seconds: float = 5.0,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    *,
+    policy: str = POLICY,
+    spin: bool = False,
+    baseline_threads: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure every stack and return the report (figures, ratios, goals); see the module doc."""
+    report = progress or (lambda message: None)
+    threads = baseline_threads or os.cpu_count() or 1
+    spin_flag = ["--spin"] if spin else []
+    if not spin:
+        bench_procs.disable_ort_spinning()
+    stacks: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="hetero-bench-serve-") as directory:
+        logs = Path(directory)
+        report("in-process loop: concurrency 1")
+        stacks["inprocess"] = _inprocess(seconds, threads)
+        fastapi_args = ["fastapi", "--port", "{port}", "--threads", str(threads), *spin_flag]
+        stacks["fastapi"] = _served(fastapi_args, "", seconds, concurrency, logs, report, "fastapi")
+        hetero_args = ["hetero", *spin_flag, "--", "serve", "--policy", policy, "--port", "{port}"]
+        stacks["hetero"] = _served(
+            hetero_args, "/ready", seconds, concurrency, logs, report, "hetero"
+        )
+    result: dict[str, Any] = {
+        "seconds": seconds,
+        "warmup_s": _warmup_s(seconds),
+        "concurrency": list(concurrency),
+        "repeat_share": REPEAT_SHARE,
+        "ort_spinning": spin,
+        "baseline_threads": threads,
+        "policy": policy,
+        "cpus": os.cpu_count(),
+        "stacks": stacks,
+    }
+    result["ratios"], result["goals"] = ratios(stacks, list(concurrency))
+    return result
+
+
+def _div(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return round(float(a) / float(b), 2)
+
+
+def ratios(stacks: dict[str, Any], concurrency: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ratios the goals are read against, and each goal with its measured value."""
+    hetero, fastapi = stacks["hetero"], stacks["fastapi"]
+    low, high = str(min(concurrency)), str(max(concurrency))
+    mid = "8" if 8 in concurrency else str(sorted(concurrency)[len(concurrency) // 2])
+    out: dict[str, Any] = {"at": {"low": low, "mid": mid, "high": high}}
+    for c in map(str, concurrency):
+        h, f = hetero["points"][c], fastapi["points"][c]
+        out[f"c{c}_throughput_hetero_vs_fastapi"] = _div(h["req_s"], f["req_s"])
+        out[f"c{c}_p99_hetero_vs_fastapi"] = _div(h["p99_ms"], f["p99_ms"])
+        out[f"c{c}_repeated_hetero_vs_fastapi"] = _div(hetero["repeated"][c]["req_s"], f["req_s"])
+    for name, stack in (("hetero", hetero), ("fastapi", fastapi)):
+        embed_high = stack["points"][high]["routes"]["embed"]["p99_ms"]
+        embed_low = stack["points"][low]["routes"]["embed"]["p99_ms"]
+        out[f"{name}_embed_p99_c{high}_vs_c{low}"] = _div(embed_high, embed_low)
+    out[f"c{mid}_throughput_hetero_vs_ray_reference"] = _div(
+        hetero["points"][mid]["req_s"], RAY_SERVE_C8_REQ_S
+    )
+    goals = {
+        f"c{mid} throughput >= FastAPI": (out[f"c{mid}_throughput_hetero_vs_fastapi"], ">= 1.0"),
+        f"c{mid} p99 <= FastAPI": (out[f"c{mid}_p99_hetero_vs_fastapi"], "<= 1.0"),
+        f"c{mid} throughput >= 1.8x Ray Serve (peers' figure)": (
+            out[f"c{mid}_throughput_hetero_vs_ray_reference"],
+            ">= 1.8",
+        ),
+        f"embed p99 c{high} / c{low}": (out[f"hetero_embed_p99_c{high}_vs_c{low}"], "<= 3.0"),
+        f"30% repeated, c{mid} throughput vs FastAPI": (
+            out[f"c{mid}_repeated_hetero_vs_fastapi"],
+            ">= 1.5",
+        ),
+        "idle RSS MB": (hetero["idle_rss_mb"], "< 400"),
+        "start-up s": (hetero["startup_s"], "< 3"),
+    }
+    return out, {
+        name: {"value": value, "goal": goal, "met": _met(value, goal)}
+        for name, (value, goal) in goals.items()
+    }
+
+
+def _met(value: Any, goal: str) -> bool | None:
+    if not isinstance(value, int | float):
+        return None
+    op, bound = goal.split()
+    limit = float(bound)
+    return {">=": value >= limit, "<=": value <= limit, "<": value < limit}[op]

@@ -1,0 +1,97 @@
+"""Printing ``hetero bench serve``: one table of every stack and concurrency, then the ratios
+and goals, or the whole report as JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from hetero.framework.server.bench import DEFAULT_CONCURRENCY, run_serve_bench
+
+__all__ = ["parse_concurrency", "print_report", "run_bench_serve"]
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """``"1,8,32"`` -> (1, 8, 32); ValueError for anything else."""
+    values = tuple(int(part) for part in text.split(",") if part.strip())
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"--concurrency: expected positive integers like 1,8,32, got {text!r}")
+    return values
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _rows(name: str, mode: str, points: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for conc, p in points.items():
+        embed, vision = p["routes"]["embed"], p["routes"]["vision"]
+        rows.append(
+            [
+                name,
+                mode,
+                conc,
+                f"{p['req_s']:.1f}",
+                f"{_ms(p['p50_ms'])} / {_ms(p['p99_ms'])}",
+                f"{embed['req_s']:.1f}: {_ms(embed['p50_ms'])} / {_ms(embed['p99_ms'])}",
+                f"{vision['req_s']:.1f}: {_ms(vision['p50_ms'])} / {_ms(vision['p99_ms'])}",
+                str(p["errors"]),
+            ]
+        )
+    return rows
+
+
+def print_report(console: Console, result: dict[str, Any]) -> None:
+    """The table, memory and start-up, ratios and goals."""
+    spin = "on" if result["ort_spinning"] else "off"
+    table = Table(
+        title=(
+            f"Serving, 70 % /embed + 30 % /vision, closed loop, {result['seconds']:g} s per point"
+            f" (ORT spin-waiting {spin}, {result['cpus']} CPUs)"
+        ),
+        title_justify="left",
+    )
+    for column in ("stack", "content", "conc", "req/s", "p50 / p99 ms", "embed", "vision", "err"):
+        table.add_column(column, justify="left" if column in ("stack", "content") else "right")
+    stacks = result["stacks"]
+    for row in _rows("in-process loop", "unique", stacks["inprocess"]["points"]):
+        table.add_row(*row)
+    for key, name in (("fastapi", "FastAPI"), ("hetero", "hetero")):
+        for mode, label in (("points", "unique"), ("repeated", "30% repeated")):
+            for row in _rows(name, label, stacks[key][mode]):
+                table.add_row(*row)
+    console.print(table)
+    console.print("embed / vision columns: req/s: p50 / p99 ms", highlight=False)
+    for key, name in (("fastapi", "FastAPI"), ("hetero", "hetero")):
+        s = stacks[key]
+        console.print(
+            f"{name}: start-up {s['startup_s']:.2f} s, idle RSS {s['idle_rss_mb']:.0f} MB, "
+            f"after load {s['rss_after_load_mb']:.0f} MB",
+            highlight=False,
+        )
+    for name, goal in result["goals"].items():
+        met = {True: "met", False: "missed", None: "n/a"}[goal["met"]]
+        console.print(f"{name}: {goal['value']} (goal {goal['goal']}): {met}", highlight=False)
+
+
+def run_bench_serve(
+    console: Console,
+    as_json: bool,
+    seconds: float = 5.0,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+) -> int:
+    """Run the serving bench and print it (progress on stderr)."""
+    err = Console(stderr=True)
+    result = run_serve_bench(
+        seconds, concurrency, progress=lambda message: err.print(message, highlight=False)
+    )
+    if as_json:
+        console.print_json(json.dumps(result))
+    else:
+        print_report(console, result)
+    return 0
