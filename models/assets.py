@@ -31,7 +31,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-
 def package_dir(module: str) -> Path:
     """The folder of an installed package, found without importing it.
 

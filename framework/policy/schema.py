@@ -472,6 +472,10 @@ class ServerConfig(_Frozen):
     limits: ServerLimits = ServerLimits()
     runtimes: Annotated[Mapping[StrictStr, Name], AfterValidator(_freeze)] = pmap()
     workers: Annotated[Mapping[StrictStr, PositiveInt], AfterValidator(_freeze)] = pmap()
+    model_threads: Annotated[Mapping[StrictStr, PositiveInt], AfterValidator(_freeze)] = pmap()
+    nice: Annotated[
+        Mapping[StrictStr, Annotated[StrictInt, Field(ge=0, le=19)]], AfterValidator(_freeze)
+    ] = pmap()
     threads_per_model: PositiveInt = 1
     queue_bound: PositiveInt = 64
     degrade_queue_depth: PositiveInt = 16

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import numpy as np
 
-from hetero.framework.server.bench_mix import RequestMix
+from hetero.framework.server.bench_mix import BenchRequest, RequestMix
 
 __all__ = ["Record", "closed_loop", "inprocess_loop", "summarize"]
 
@@ -58,8 +58,14 @@ def summarize(records: list[Record], window_end: float, seconds: float) -> dict[
 
 
 async def _closed_loop(
-    url: str, mix: RequestMix, concurrency: int, warmup_s: float, seconds: float, timeout_s: float
+    url: str,
+    groups: Sequence[tuple[RequestMix, int]],
+    warmup_s: float,
+    seconds: float,
+    timeout_s: float,
 ) -> dict[str, Any]:
+    streams = [mix.stream(index) for mix, count in groups for index in range(count)]
+    concurrency = len(streams)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     headers = {"content-type": "application/json"}
     records: list[Record] = []
@@ -70,8 +76,7 @@ async def _closed_loop(
         start = time.perf_counter() + warmup_s
         end = start + seconds
 
-        async def worker(index: int) -> None:
-            stream = mix.stream(index)
+        async def worker(stream: Iterator[BenchRequest]) -> None:
             while time.perf_counter() < end:
                 request = next(stream)
                 began = time.perf_counter()
@@ -91,7 +96,7 @@ async def _closed_loop(
                 if began >= start:
                     records.append(Record(request.route, began, time.perf_counter(), ok))
 
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        await asyncio.gather(*(worker(stream) for stream in streams))
     summary = summarize(records, end, seconds)
     summary["error_samples"] = errors
     return summary
@@ -107,7 +112,20 @@ def closed_loop(
     timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """Run the closed loop against ``url`` (``/embed`` and ``/vision``) and summarize it."""
-    return asyncio.run(_closed_loop(url, mix, concurrency, warmup_s, seconds, timeout_s))
+    return asyncio.run(_closed_loop(url, [(mix, concurrency)], warmup_s, seconds, timeout_s))
+
+
+def closed_loop_groups(
+    url: str,
+    groups: Sequence[tuple[RequestMix, int]],
+    *,
+    warmup_s: float,
+    seconds: float,
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """Several client groups at once, each ``(mix, clients)``: e.g. many clients saturating
+    the heavy route while one probes the light one."""
+    return asyncio.run(_closed_loop(url, groups, warmup_s, seconds, timeout_s))
 
 
 def inprocess_loop(

@@ -121,13 +121,19 @@ class RequestMix:
     Args:
         nonce: Differs between runs, so no run hits what another one cached.
         repeat_share: The share of requests that resend one of this worker's earlier ones.
+        embed_share: The share of ``/embed`` requests; the rest are ``/vision``.
     """
 
-    def __init__(self, nonce: str, repeat_share: float = 0.0) -> None:
+    def __init__(
+        self, nonce: str, repeat_share: float = 0.0, embed_share: float = EMBED_SHARE
+    ) -> None:
         if not 0.0 <= repeat_share < 1.0:
             raise ValueError(f"repeat_share must be in [0, 1), got {repeat_share}")
+        if not 0.0 <= embed_share <= 1.0:
+            raise ValueError(f"embed_share must be in [0, 1], got {embed_share}")
         self.nonce = nonce
         self.repeat_share = repeat_share
+        self.embed_share = embed_share
         self.images = base_images()
 
     def stream(self, worker: int) -> Iterator[BenchRequest]:
@@ -140,7 +146,7 @@ class RequestMix:
                 yield BenchRequest(earlier.route, earlier.payload, earlier.body, repeated=True)
                 continue
             tag = f"{self.nonce}-{worker}-{counter}"
-            if rng.random() < EMBED_SHARE:
+            if rng.random() < self.embed_share:
                 count = rng.randint(1, MAX_SENTENCES)
                 texts = [_sentence(rng, f"{tag}.{i}") for i in range(count)]
                 payload: dict[str, Any] = {"texts": texts}

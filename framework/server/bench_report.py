@@ -74,6 +74,15 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
             f"after load {s['rss_after_load_mb']:.0f} MB",
             highlight=False,
         )
+        iso = s["isolation"]
+        console.print(
+            f"{name}: embed alone p50/p99 {_ms(iso['embed_alone']['p50_ms'])} / "
+            f"{_ms(iso['embed_alone']['p99_ms'])} ms; with {iso['heavy_clients']} clients on "
+            f"/vision {_ms(iso['embed_under_load']['p50_ms'])} / "
+            f"{_ms(iso['embed_under_load']['p99_ms'])} ms "
+            f"(vision {iso['vision_under_load']['req_s']} req/s)",
+            highlight=False,
+        )
     for name, goal in result["goals"].items():
         met = {True: "met", False: "missed", None: "n/a"}[goal["met"]]
         console.print(f"{name}: {goal['value']} (goal {goal['goal']}): {met}", highlight=False)

@@ -17,8 +17,10 @@ def runtime_of(request: Request) -> ServingRuntime:
     return cast(ServingRuntime, request.app.state.runtime)
 
 
-def caller_of(request: Request) -> Caller:
-    """Who calls (401 for a missing or wrong key when the policy has keys)."""
+async def caller_of(request: Request) -> Caller:
+    """Who calls (401 for a missing or wrong key when the policy has keys). ``async`` so that
+    FastAPI runs it on the event loop: a plain function would cost a thread-pool hop per
+    request (it only hashes a key and looks it up)."""
     keyring = cast(KeyRing, request.app.state.keyring)
     return keyring.caller(request.headers.get("authorization"), request.headers.get("x-hetero-qos"))
 

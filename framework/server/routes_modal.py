@@ -18,6 +18,7 @@ from hetero.framework.server.bodies import (
 )
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import decode_base64, image_size
 from hetero.framework.server.pipelines import PipelineInputs, run_pipeline
 from hetero.framework.server.runtime import ServingRuntime
@@ -152,18 +153,18 @@ async def pipeline(name: str, request: Request, caller: CallerDep) -> dict[str, 
 
 
 @router.post("/embed")
-async def peer_embed(request: Request, caller: CallerDep) -> dict[str, Any]:
+async def peer_embed(request: Request, caller: CallerDep) -> FastJSONResponse:
     """The peers harness's ``{"texts": [...]}`` -> ``{"embeddings": [[384 floats]...]}``."""
     rt = runtime_of(request)
     body = await read_json(request, _PeerEmbed)
     if len(body.texts) > rt.limits.max_batch_inputs:
         raise APIError(400, f"texts: over the limit of {rt.limits.max_batch_inputs}", param="texts")
     vectors, _ = await rt.embed(body.texts, caller=caller)
-    return {"embeddings": vectors.tolist()}
+    return FastJSONResponse({"embeddings": vectors})
 
 
 @router.post("/vision")
-async def peer_vision(request: Request, caller: CallerDep) -> dict[str, Any]:
+async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
     """The peers harness's ``{"image_b64"}`` -> ``{"embedding": [1280 floats], "top1": int}``."""
     rt = runtime_of(request)
     body = await read_json(request, _PeerVision)
@@ -177,7 +178,8 @@ async def peer_vision(request: Request, caller: CallerDep) -> dict[str, Any]:
         content=image,
         profile=RequestProfile(image_pixels=width * height),
     )
-    return {"embedding": value["embedding"].tolist(), "top1": _top1(stage.model, value)}
+    embedding = value["embedding"]
+    return FastJSONResponse({"embedding": embedding, "top1": _top1(stage.model, value)})
 
 
 def _top1(model: Any, value: dict[str, Any]) -> int:

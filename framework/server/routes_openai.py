@@ -26,6 +26,7 @@ from hetero.framework.server.bodies import (
 )
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
 from hetero.framework.server.runtime import ServingRuntime, StageRun, StageRuntime
@@ -276,10 +277,10 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
         value: Any = (
             base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode()
             if body.encoding_format == "base64"
-            else vector.astype(float).tolist()
+            else vector
         )
         data.append({"object": "embedding", "index": index, "embedding": value})
-    return JSONResponse(
+    return FastJSONResponse(
         {
             "object": "list",
             "data": data,

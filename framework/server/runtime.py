@@ -211,7 +211,9 @@ class ServingRuntime:
 
     def _new_model(self, stage: StageRuntime, runtime: str) -> Any:
         return stage.model_class(
-            runtime=runtime, cache_dir=self._model_cache_dir, threads=self.server.threads_per_model
+            runtime=runtime,
+            cache_dir=self._model_cache_dir,
+            threads=self.server.model_threads.get(stage.name, self.server.threads_per_model),
         )
 
     def _load(self, stage: StageRuntime, report: Progress) -> None:
@@ -280,6 +282,7 @@ class ServingRuntime:
             max_delay_s=(delay_ms / 1000.0) if batchable else 0.0,
             metrics=self.metrics,
             runtime_label=stage.runtime,
+            nice=self.server.nice.get(stage.name, 0),
         )
         stage.breaker = ComplexityBreaker(self.spec.circuit_breaker.complexity)
 

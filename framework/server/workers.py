@@ -14,6 +14,7 @@ import collections
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,8 +62,10 @@ class StageWorkers:
         max_delay_s: float = 0.0,
         metrics: ServerMetrics | None = None,
         runtime_label: str = "",
+        nice: int = 0,
     ) -> None:
         self.stage = stage
+        self.nice = nice
         self.runtime_label = runtime_label
         self._call = call
         self._weights = dict(weights)
@@ -141,6 +144,13 @@ class StageWorkers:
             return batch
 
     def _loop(self) -> None:
+        if self.nice:
+            # Linux schedules threads as tasks: a heavy stage's workers yield the CPU to light
+            # stages and to the HTTP loop without a queue of their own having to wait.
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except OSError as err:
+                logger.warning("stage %s: cannot lower worker priority: %s", self.stage, err)
         while True:
             batch = self._take()
             if batch is None:
