@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,7 +131,11 @@ class FeatureCache:
         self._measure_tiers()
         if self.redis is not None:  # subscribe first: writes during the warm-up are heard
             self.bloom.share_through(self.redis.raw(), on_erase=self._erased_elsewhere)
-        self._warm_bloom()
+        # Filling the Bloom filter reads every key of the disk tier (and Redis): hundreds of
+        # thousands on a busy host, seconds of start-up. It runs beside the caller instead;
+        # until it is done, a Bloom "no" is not trusted and reads ask the lower tiers.
+        self.bloom_warm = threading.Event()
+        threading.Thread(target=self._warm_bloom, name="hetero-bloom-warm", daemon=True).start()
 
     # --- tier order ----------------------------------------------------------------------
 
@@ -162,6 +167,14 @@ class FeatureCache:
         return (["memory"] if self.memory is not None else []) + [t.name for t in self._lower]
 
     def _warm_bloom(self) -> None:
+        try:
+            self._fill_bloom()
+        except Exception as err:  # a tier that fails here fails reads too; never trust the filter
+            logger.warning("feature cache: Bloom filter not warmed (%s); it stays bypassed", err)
+            return
+        self.bloom_warm.set()
+
+    def _fill_bloom(self) -> None:
         limit = self.config.bloom.expected_entries
         keys: list[Any] = []
         if self.disk is not None:
@@ -207,7 +220,7 @@ class FeatureCache:
             if value is not None:
                 self._hit["memory"].inc()
                 return value
-        if not self.bloom.might_contain(key.digest):
+        if self.bloom_warm.is_set() and not self.bloom.might_contain(key.digest):
             self.metrics.bloom_negatives.inc()
             return None
         value = self._from_lower(key, cipher)

@@ -36,6 +36,7 @@ key = make_key
 def cache(redis_server: RedisServer, tmp_path: Path) -> Iterator[FeatureCache]:
     redis_server_client(redis_server).flushall()
     instance = FeatureCache(config(redis_server.url), directory=tmp_path / "disk")
+    assert instance.bloom_warm.wait(30)  # Bloom negatives are trusted from here on
     yield instance
     instance.close()
 
@@ -329,8 +330,36 @@ def test_restart_keeps_the_disk_tier(tmp_path: Path) -> None:
     first.close()
     second = FeatureCache(config(None), directory=tmp_path / "disk")
     try:
+        assert second.bloom_warm.wait(30)
         np.testing.assert_array_equal(second.get(k), np.arange(3))  # warmed Bloom, disk hit
     finally:
+        second.close()
+
+
+def test_reads_before_the_bloom_filter_is_warm_still_find_disk_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = key(b"early")
+    first = FeatureCache(config(None), directory=tmp_path / "disk")
+    first.put(k, [7])
+    first.close()
+    release = threading.Event()
+    fill = FeatureCache._fill_bloom
+
+    def slow_fill(self: FeatureCache) -> None:
+        assert release.wait(30)
+        fill(self)
+
+    monkeypatch.setattr(FeatureCache, "_fill_bloom", slow_fill)
+    second = FeatureCache(config(None), directory=tmp_path / "disk")
+    try:
+        assert not second.bloom_warm.is_set()
+        assert second.get(k) == [7]  # the cold filter would have said no; the disk says yes
+        release.set()
+        assert second.bloom_warm.wait(30)
+        assert second.get(key(b"never stored")) is None
+    finally:
+        release.set()
         second.close()
 
 
