@@ -124,6 +124,33 @@ class SandboxRuntime(abc.ABC):
     ) -> RunOutcome:
         """Run ``spec`` to completion and collect its output."""
 
+    def _finish(
+        self, command: list[str], sandbox_id: str, timeout_s: float
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a sandbox's command to its end with captured output; on timeout, remove the
+        sandbox and raise :class:`SandboxRunError`."""
+        try:
+            return subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            self.stop(sandbox_id)
+            raise SandboxRunError(
+                f"{self.name} sandbox {sandbox_id} did not finish in {timeout_s:g} s"
+            ) from err
+
+    def _start_logged(self, command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        """Start a long-lived sandbox whose output (stdout and stderr) goes to ``log_path``."""
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+
     @abc.abstractmethod
     def start(self, spec: SandboxSpec, log_path: Path) -> subprocess.Popen[bytes]:
         """Start ``spec`` as a long-lived sandbox; its output goes to ``log_path``."""

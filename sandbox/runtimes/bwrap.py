@@ -17,7 +17,6 @@ from hetero.sandbox.runtimes.base import (
     Availability,
     IsolationLevel,
     RunOutcome,
-    SandboxRunError,
     SandboxRuntime,
     completed,
 )
@@ -63,28 +62,12 @@ class BwrapRuntime(SandboxRuntime):
         self, spec: SandboxSpec, isolation: Isolation = FULL_ISOLATION, timeout_s: float = 60.0
     ) -> RunOutcome:
         self.require()
-        try:
-            result = subprocess.run(
-                bwrap_arguments(self.config(spec, isolation)),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise SandboxRunError(f"bwrap sandbox {spec.sandbox_id} timed out") from err
-        return completed(result)
+        command = bwrap_arguments(self.config(spec, isolation))
+        return completed(self._finish(command, spec.sandbox_id, timeout_s))
 
     def start(self, spec: SandboxSpec, log_path: Path) -> subprocess.Popen[bytes]:
         self.require()
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                bwrap_arguments(self.config(spec)),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        return self._start_logged(bwrap_arguments(self.config(spec)), log_path)
 
     def stop(self, sandbox_id: str) -> None:
         """bwrap sandboxes end with their process (``--die-with-parent``); nothing to remove."""

@@ -179,20 +179,8 @@ class ContainerdRuntime(SandboxRuntime):
     ) -> RunOutcome:
         self.require()
         bundle = self.bundle(spec, isolation)
-        try:
-            result = subprocess.run(
-                self._run_command(spec, bundle, remove=True),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            self.stop(spec.sandbox_id)
-            raise SandboxRunError(
-                f"sandbox {spec.sandbox_id} did not finish in {timeout_s:g} s"
-            ) from err
+        command = self._run_command(spec, bundle, remove=True)
+        result = self._finish(command, spec.sandbox_id, timeout_s)
         if result.returncode != 0:
             self._translate(result.stderr)
         return completed(result)
@@ -201,13 +189,7 @@ class ContainerdRuntime(SandboxRuntime):
         self.require()
         bundle = self.bundle(spec)
         self.stop(spec.sandbox_id)
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                self._run_command(spec, bundle, remove=True),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        return self._start_logged(self._run_command(spec, bundle, remove=True), log_path)
 
     def stop(self, sandbox_id: str) -> None:
         for command in (

@@ -19,7 +19,6 @@ from hetero.sandbox.runtimes.base import (
     Availability,
     IsolationLevel,
     RunOutcome,
-    SandboxRunError,
     SandboxRuntime,
     completed,
 )
@@ -71,18 +70,8 @@ class GvisorRuntime(SandboxRuntime):
     ) -> RunOutcome:
         self.require()
         bundle = self.bundle(spec, isolation)
-        try:
-            result = subprocess.run(
-                [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            self.stop(spec.sandbox_id)
-            raise SandboxRunError(f"gVisor sandbox {spec.sandbox_id} timed out") from err
+        command = [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id]
+        result = self._finish(command, spec.sandbox_id, timeout_s)
         self.stop(spec.sandbox_id)
         return completed(result)
 

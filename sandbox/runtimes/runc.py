@@ -11,7 +11,6 @@ from hetero.sandbox.runtimes.base import (
     Availability,
     IsolationLevel,
     RunOutcome,
-    SandboxRunError,
     SandboxRuntime,
 )
 from hetero.sandbox.runtimes.cgroups import oom_kills
@@ -45,20 +44,7 @@ class RuncRuntime(SandboxRuntime):
         self.require()
         bundle = self.bundle(spec, isolation)
         command = [*self._command(), "run", "--keep", "--bundle", str(bundle), spec.sandbox_id]
-        try:
-            result = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            self.stop(spec.sandbox_id)
-            raise SandboxRunError(
-                f"sandbox {spec.sandbox_id} did not finish in {timeout_s:g} s"
-            ) from err
+        result = self._finish(command, spec.sandbox_id, timeout_s)
         kills = oom_kills(f"hetero-sandbox/{spec.sandbox_id}") if isolation.limits else None
         self.stop(spec.sandbox_id)
         return RunOutcome(result.returncode, result.stdout, result.stderr, bool(kills))
@@ -67,13 +53,9 @@ class RuncRuntime(SandboxRuntime):
         self.require()
         bundle = self.bundle(spec)
         self.stop(spec.sandbox_id)
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        return self._start_logged(
+            [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id], log_path
+        )
 
     def stop(self, sandbox_id: str) -> None:
         subprocess.run(
