@@ -42,6 +42,9 @@ class GvisorRuntime(SandboxRuntime):
             str(self.state_dir / "state"),
             "--platform=ptrace",
             "--network=none",
+            # the worker's socket is created inside and connected to from the host: gVisor
+            # allows that only when told (it opens no other host socket)
+            "--host-uds=create",
         ]
 
     def availability(self) -> Availability:
@@ -79,12 +82,10 @@ class GvisorRuntime(SandboxRuntime):
         self.require()
         bundle = self.bundle(spec)
         self.stop(spec.sandbox_id)
-        return subprocess.Popen(
-            [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # A pipe nobody drains would block a chatty worker; a log file never does. (Measured:
+        # with a file, runsc may drop the sandbox's own output; the worker runs regardless.)
+        command = [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id]
+        return self._start_logged(command, log_path)
 
     def stop(self, sandbox_id: str) -> None:
         subprocess.run(

@@ -16,7 +16,7 @@ import pytest
 from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
 from hetero.sandbox.keyring import FileKeyring
 from hetero.sandbox.partition_store import PartitionStore
-from hetero.sandbox.runtimes import RuncRuntime
+from hetero.sandbox.runtimes import GvisorRuntime, RuncRuntime
 from hetero.sandbox.sandboxed_worker import (
     SandboxedWorker,
     SandboxWorkerError,
@@ -127,3 +127,18 @@ def test_an_object_of_another_partition_is_not_found_in_this_sandbox(
     other.put("rec-1", b"someone else's recording")
     with pytest.raises(FileNotFoundError):
         worker.process("rec-1")  # the host side looks only in its own partition
+
+
+def test_the_same_worker_runs_under_gvisor(site: Path, keyring: FileKeyring) -> None:
+    if shutil.which("runsc") is None:
+        pytest.fail("runsc is not installed: .ci/run installs it with apt")
+    store = PartitionStore(site / "partitions", "gvisor_part", keyring, "id-cards", "SM4-GCM")
+    store.put("scan", CANARY)
+    runtime = GvisorRuntime(site / "gvisor")
+    with SandboxedWorker(
+        runtime, "gvisor_part", store.directory, keyring, site / "work-gvisor", host_uid=300_000
+    ) as worker:
+        assert worker.process("scan") == {
+            "sha256": hashlib.sha256(CANARY).hexdigest(),
+            "bytes": len(CANARY),
+        }
