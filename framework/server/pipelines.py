@@ -19,6 +19,7 @@ from hetero.framework.server.runtime import ServingRuntime, StageRun
 __all__ = ["PipelineInputs", "describe_image", "image_context", "run_pipeline"]
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and plainly."
+LABEL_MIN_P = 0.15  # an ImageNet label below this probability is not given to the LLM
 
 
 @dataclass
@@ -45,9 +46,11 @@ def image_context(labels: Sequence[Sequence[Any]] | None, text: str | None) -> s
     parts = []
     if text and text.strip():
         parts.append(f'Text written in the image: "{text.strip()[:500]}".')
-    if labels:
-        named = ", ".join(str(name).split(",")[0] for name, _ in labels[:3])
-        parts.append(f"What the image looks like: {named}.")
+    # Only labels the classifier is fairly sure of: on a page of text its top-5 are noise
+    # (1 % "nematode"), which a small LLM would otherwise describe earnestly.
+    sure = [str(name).split(",")[0] for name, p in (labels or [])[:3] if float(p) >= LABEL_MIN_P]
+    if sure:
+        parts.append(f"What the image looks like: {', '.join(sure)}.")
     if not parts:
         return "[An image was attached; nothing could be recognised in it.]"
     return "[Attached image. " + " ".join(parts) + "]"
