@@ -31,6 +31,7 @@ class PipelineInputs:
     audio: bytes | None = None
     prompt: str | None = None
     max_tokens: int = 64
+    source: str = "inputs"  # how errors name the media field: inputs.image, or an upload's "file"
 
 
 @dataclass
@@ -83,6 +84,12 @@ async def describe_image(
     return image_context(labels, text), [run for _, run in results]
 
 
+def _field(inputs: PipelineInputs, modality: str) -> str:
+    if inputs.source in ("file", ""):
+        return inputs.source or modality
+    return f"{inputs.source}.{modality}"
+
+
 def _need(value: Any, what: str, pipeline: str) -> Any:
     if value is None:
         raise APIError(
@@ -116,7 +123,7 @@ async def _step(
     kind = stage.kind
     if kind in ("vision_encode", "ocr"):
         image = _need(inputs.image, "an image", pipeline)
-        width, height = image_size(image, rt.limits, "inputs.image")
+        width, height = image_size(image, rt.limits, _field(inputs, "image"))
         value, run = await rt.run(
             stage,
             image,
@@ -136,7 +143,7 @@ async def _step(
         return out, run
     if kind == "asr":
         audio = _need(inputs.audio, "audio", pipeline)
-        seconds = audio_seconds(audio, rt.limits, "inputs.audio")
+        seconds = audio_seconds(audio, rt.limits, _field(inputs, "audio"))
         value, run = await rt.run(
             stage,
             audio,

@@ -64,7 +64,9 @@ async def _media_request(request: Request, field: str) -> PipelineInputs:
         data = await form_file(form, "file")
         prompt = form.get("prompt")
         inputs = PipelineInputs(
-            prompt=prompt if isinstance(prompt, str) else None, max_tokens=_max_tokens(rt, None)
+            prompt=prompt if isinstance(prompt, str) else None,
+            max_tokens=_max_tokens(rt, None),
+            source="file",
         )
     else:
         body = await read_json(request, _MediaBody)
@@ -77,7 +79,9 @@ async def _media_request(request: Request, field: str) -> PipelineInputs:
                 code="missing_input",
             )
         data = decode_base64(value, field)
-        inputs = PipelineInputs(prompt=body.prompt, max_tokens=_max_tokens(rt, body.max_tokens))
+        inputs = PipelineInputs(
+            prompt=body.prompt, max_tokens=_max_tokens(rt, body.max_tokens), source=""
+        )
     if field == "image":
         inputs.image = data
     else:

@@ -50,6 +50,10 @@ def test_corrupt_image_is_a_400_naming_the_part(client: httpx.Client) -> None:
     }
     error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_image")
     assert "messages.0.content.1" in error["message"]
+    upload = client.post("/v1/image/describe", files={"file": ("x.png", b"\x89PNG not really")})
+    assert assert_error(upload, 400, "invalid_image")["param"] == "file"
+    as_json = client.post("/v1/image/describe", json={"image": "bm90IGFuIGltYWdl"})
+    assert assert_error(as_json, 400, "invalid_image")["param"] == "image"
 
 
 def test_remote_image_urls_are_refused(client: httpx.Client) -> None:
