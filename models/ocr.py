@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.models.assets import package_file
 from hetero.models.base import ModelStage
@@ -24,6 +25,7 @@ from hetero.models.media import decode_image
 __all__ = ["OcrLine", "OcrResult", "TextReader"]
 
 LIGHT_LONG_SIDE = 960
+MAX_ASPECT = 50  # wider or taller than this is not a page or a text line (rapidocr fails on it)
 _PACKAGE = "rapidocr_onnxruntime"
 _DET = "ch_PP-OCRv4_det_infer.onnx"
 _CLS = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -111,9 +113,18 @@ class TextReader(ModelStage):
             scale = LIGHT_LONG_SIDE / max(picture.size)
             size = (max(1, round(picture.width * scale)), max(1, round(picture.height * scale)))
             picture = picture.resize(size, Image.Resampling.BILINEAR)
+        width, height = picture.size
+        if max(width, height) > MAX_ASPECT * min(width, height):
+            raise InvalidInputError(
+                f"image is {width}x{height}: OCR needs a page or a line of text "
+                f"(aspect ratio at most {MAX_ASPECT}:1)"
+            )
         bgr = np.ascontiguousarray(np.asarray(picture)[:, :, ::-1])
         self.load()
-        found, _ = self._engine(bgr)
+        try:
+            found, _ = self._engine(bgr)
+        except Exception as err:  # rapidocr raises bare Exceptions (ResizeImgError, ...)
+            raise InvalidInputError(f"OCR could not process this image: {err}") from err
         lines = []
         for box, text, score in found or ():
             corners = tuple((float(x) / scale, float(y) / scale) for x, y in box)

@@ -100,7 +100,8 @@ class SandboxedWorker:
     @property
     def sandbox_id(self) -> str:
         """The id of the current sandbox (changes on restart)."""
-        return f"hetero-{self.partition}-{os.getpid()}-{self._generation}"
+        # the work directory names the stage: two stages on one partition get two sandboxes
+        return f"hetero-{self.partition}-{self.work_dir.name}-{os.getpid()}-{self._generation}"
 
     @property
     def socket_path(self) -> Path:

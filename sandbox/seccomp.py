@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DENIED_SYSCALLS", "EPERM", "seccomp_profile"]
+__all__ = ["CLONE_NEW_FLAGS", "DENIED_SYSCALLS", "ENOSYS", "EPERM", "seccomp_profile"]
 
 EPERM = 1
 
@@ -68,12 +68,48 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 )
 
 
+# Namespace flags of clone(2): a thread or a fork is fine, a new namespace is not.
+CLONE_NEW_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+    0x00000080,  # CLONE_NEWTIME
+)
+ENOSYS = 38
+
+
 def seccomp_profile() -> dict[str, Any]:
-    """The ``linux.seccomp`` object of an OCI runtime spec (x86-64 and its compat arches)."""
+    """The ``linux.seccomp`` object of an OCI runtime spec (x86-64 and its compat arches).
+
+    Besides the deny list: ``clone`` with any ``CLONE_NEW*`` flag is refused (the flags are a
+    register argument a filter can read), ``clone3`` answers ``ENOSYS`` (its flags sit in memory
+    a filter cannot read; libc then falls back to ``clone``), and ``io_uring`` is refused.
+    """
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
         "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
         "syscalls": [
             {"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+            *(  # one rule per flag: the arguments of one rule must all match
+                {
+                    "names": ["clone"],
+                    "action": "SCMP_ACT_ERRNO",
+                    "errnoRet": EPERM,
+                    "args": [
+                        {"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}
+                    ],
+                }
+                for flag in CLONE_NEW_FLAGS
+            ),
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+            {
+                "names": ["io_uring_setup", "io_uring_enter", "io_uring_register"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": EPERM,
+            },
         ],
     }

@@ -116,6 +116,8 @@ def _answer(
         return {"ok": True, "result": handle(plaintext, str(request.get("variant", "full")))}
     except ValueError as err:  # the input itself is unusable (InvalidInputError is one)
         return {"ok": False, "kind": "invalid_input", "error": f"{object_id}: {err}"}
+    except Exception as err:  # a model failing on one input must not end the worker
+        return {"ok": False, "error": f"{object_id}: {type(err).__name__}: {err}"}
 
 
 def serve(socket_path: Path, data_dir: Path, partition: str, handle: Handler) -> None:

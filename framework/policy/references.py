@@ -51,6 +51,17 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
             ("qos", "aging_per_second"),
             "must be positive when class weights differ, or the lowest class can starve",
         )
+    for index, key in enumerate(spec.server.api_keys):
+        if key.max_qos_class is not None and key.max_qos_class not in spec.qos.classes:
+            raise source.error(
+                ("server", "api_keys", index, "max_qos_class"),
+                _unknown("QoS class", key.max_qos_class, spec.qos.classes),
+            )
+        if key.sla_tier is not None and key.sla_tier not in spec.sla_tiers:
+            raise source.error(
+                ("server", "api_keys", index, "sla_tier"),
+                _unknown("SLA tier", key.sla_tier, spec.sla_tiers),
+            )
     breaker = spec.circuit_breaker.complexity
     if breaker.shed_above_p95 < breaker.degrade_above_p95:
         raise source.error(

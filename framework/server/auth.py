@@ -45,9 +45,24 @@ class KeyRing:
         keys = list(server.api_keys)
         if server.api_keys_file:
             keys += _read_keys_file(Path(server.api_keys_file).expanduser())
+        for key in keys:
+            if key.max_qos_class is not None and key.max_qos_class not in qos.classes:
+                known = ", ".join(sorted(qos.classes))
+                raise PolicyValidationError(
+                    server.api_keys_file or "policy",
+                    None,
+                    f"api_keys[{key.name}].max_qos_class",
+                    f"unknown QoS class {key.max_qos_class!r} (classes: {known})",
+                )
+            if key.sla_tier is not None and key.sla_tier not in sla_tiers:
+                raise PolicyValidationError(
+                    server.api_keys_file or "policy",
+                    None,
+                    f"api_keys[{key.name}].sla_tier",
+                    f"unknown SLA tier {key.sla_tier!r} (tiers: {', '.join(sorted(sla_tiers))})",
+                )
         self._by_hash = {key.sha256: key for key in keys}
         self._qos = qos
-        self._tiers = sla_tiers
 
     @property
     def open(self) -> bool:

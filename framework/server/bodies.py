@@ -58,7 +58,7 @@ class ChatRequest(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     n: int = Field(default=1, ge=1, le=1)
 
 
@@ -105,9 +105,13 @@ async def read_json(request: Request, model: type[Model]) -> Model:
     raw = await request.body()
     try:
         data: Any = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError, over-long integers
         raise APIError(
             400, f"the request body is not valid JSON: {err}", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise APIError(
+            400, "the request body is not valid JSON: nested too deeply", code="invalid_json"
         ) from None
     return validate(data, model)
 

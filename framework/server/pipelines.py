@@ -188,7 +188,7 @@ async def _step(
         {"role": "user", "content": "\n".join([*context, question])},
     ]
     llm_model = stage.model
-    prompt_tokens = int(llm_model.chat_prompt_tokens(messages))
+    prompt_tokens = int(await asyncio.to_thread(llm_model.chat_prompt_tokens, messages))
     if prompt_tokens > rt.limits.max_input_tokens:
         raise APIError(
             400,

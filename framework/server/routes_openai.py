@@ -3,8 +3,10 @@ transcription and speech, and the model list."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +27,7 @@ from hetero.framework.server.bodies import (
     read_json,
 )
 from hetero.framework.server.context import CallerDep, runtime_of
-from hetero.framework.server.errors import APIError
+from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
@@ -33,6 +35,8 @@ from hetero.framework.server.runtime import ServingRuntime, StageRun, StageRunti
 
 __all__ = ["router"]
 
+logger = logging.getLogger(__name__)
+CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here packs more than 32 characters into a token
 router = APIRouter()
 
 
@@ -135,7 +139,16 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
         )
     request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     messages, runs = await _chat_messages(rt, body, caller, request_id)
-    prompt_tokens = int(stage.model.chat_prompt_tokens(messages))
+    characters = sum(len(str(m.get("content", ""))) for m in messages)
+    if characters > CHARS_PER_TOKEN_BOUND * limits.max_input_tokens:
+        raise APIError(  # certainly over the limit: refuse before tokenizing
+            400,
+            f"messages: {characters} characters is over the limit of "
+            f"{limits.max_input_tokens} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    prompt_tokens = int(await asyncio.to_thread(stage.model.chat_prompt_tokens, messages))
     if prompt_tokens > limits.max_input_tokens:
         raise APIError(
             400,
@@ -203,7 +216,14 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
                 yield chunk({"content": piece}, None)
                 if await request.is_disconnected():
                     return
-            final = await summary
+            try:
+                final = await summary
+            except Exception as err:  # the stream has begun: report in-band, then end it
+                logger.warning("chat stream %s failed: %s: %s", request_id, type(err).__name__, err)
+                failure = err if isinstance(err, APIError) else APIError(500, "generation failed")
+                yield b"data: " + json_error_bytes(failure) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
             rt.metrics.generated_tokens.inc(final["completion_tokens"])
             yield chunk({}, final["finish_reason"])
             if include_usage:
@@ -262,7 +282,15 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
             raise APIError(
                 400, f"input[{index}]: must not be empty", param="input", code="invalid_value"
             )
-        count = int(stage.model.count_tokens(text))
+        if len(text) > CHARS_PER_TOKEN_BOUND * rt.limits.max_input_tokens:
+            raise APIError(  # certainly over the limit: refuse before tokenizing
+                400,
+                f"input[{index}]: {len(text)} characters is over the limit of "
+                f"{rt.limits.max_input_tokens} tokens",
+                param="input",
+                code="context_length_exceeded",
+            )
+        count = int(await asyncio.to_thread(stage.model.count_tokens, text))
         if count > rt.limits.max_input_tokens:
             raise APIError(
                 400,

@@ -155,7 +155,7 @@ class ServingRuntime:
         for name, config in self.spec.stages.items():
             kind = stage_kind(name, config)
             if kind is None or kind not in classes:
-                self.unserved[name] = "no model" if kind is None else f"no {kind} model plugin"
+                self._unserve(name, "no model" if kind is None else f"no {kind} model plugin")
                 continue
             out.append((name, kind))
         return out
@@ -180,7 +180,7 @@ class ServingRuntime:
             report(name, "loading")
             self._load(stage, report)
             self._start_workers(stage)
-            self.stages[name] = stage
+            self.stages = {**self.stages, name: stage}  # swapped whole: handlers iterate it
             report(name, f"ready on {stage.runtime}")
         self.load_s = time.monotonic() - began
         self.metrics.ready.set(1)
@@ -200,14 +200,17 @@ class ServingRuntime:
         if partition is None:
             return model_class
         if self.sandboxes is None:
-            self.unserved[name] = f"touches partition {partition!r} and no sandbox is configured"
+            self._unserve(name, f"touches partition {partition!r} and no sandbox is configured")
             return None
         try:
             return self.sandboxes.model_class(name, kind)
         except Exception as err:
-            self.unserved[name] = f"partition {partition!r} cannot be sandboxed here: {err}"
+            self._unserve(name, f"partition {partition!r} cannot be sandboxed here: {err}")
             logger.warning("stage %s not served: %s", name, self.unserved[name])
             return None
+
+    def _unserve(self, name: str, reason: str) -> None:
+        self.unserved = {**self.unserved, name: reason}  # swapped whole: handlers iterate it
 
     def _new_model(self, stage: StageRuntime, runtime: str) -> Any:
         return stage.model_class(
@@ -224,11 +227,14 @@ class ServingRuntime:
         best: tuple[float, str, Any] | None = None
         for runtime in candidates:
             report(stage.name, f"loading on {runtime}")
+            model = None
             try:
                 model = self._new_model(stage, runtime)
                 model.load()
                 seconds = self._time(stage.kind, model) if len(candidates) > 1 else 0.0
             except Exception as err:
+                if model is not None:
+                    model.close()  # loaded but failed its timing: release it
                 if len(candidates) == 1:
                     raise
                 stage.timings[runtime] = f"unavailable: {type(err).__name__}: {err}"

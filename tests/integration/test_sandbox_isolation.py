@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hetero.sandbox.oci_spec import Isolation, SandboxSpec, oci_config
-from hetero.sandbox.rootfs import busybox_rootfs
+from hetero.sandbox.rootfs import busybox_rootfs, ensure_mountpoints, python_mounts, python_rootfs
 from hetero.sandbox.runtimes import (
     ContainerdDaemon,
     ContainerdRuntime,
@@ -281,3 +282,24 @@ def test_gvisor_runs_the_spec_with_a_user_space_kernel(
     config = runtime.config(probe(rootfs, "true"))
     linux = config["linux"]
     assert isinstance(linux, dict) and "uidMappings" not in linux
+
+
+CLONE_NEWUSER_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)  # clone(CLONE_NEWUSER | SIGCHLD)
+if pid == 0:
+    os._exit(0)
+print("CLONED" if pid > 0 else f"REFUSED errno={ctypes.get_errno()}")
+"""
+
+
+def test_clone_into_a_new_namespace_fails_under_seccomp(runc: RuncRuntime, reachable: Path) -> None:
+    root = python_rootfs(reachable / "python-root")
+    mounts = python_mounts()
+    ensure_mountpoints(root, mounts)
+    spec = probe(root, "", args=(sys.executable, "-c", CLONE_NEWUSER_PROBE), mounts=mounts)
+    filtered = runc.run(spec, timeout_s=120)
+    control = runc.run(replace(spec, sandbox_id=spec.sandbox_id + "-c"), Isolation(seccomp=False))
+    assert filtered.stdout.strip() == "REFUSED errno=1", filtered
+    assert control.stdout.strip() == "CLONED", control

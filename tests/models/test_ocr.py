@@ -54,3 +54,15 @@ def test_blank_page_has_no_text(reader: TextReader, render_text: Callable[..., b
 def test_undecodable_image_is_invalid_input(reader: TextReader, data: bytes) -> None:
     with pytest.raises(InvalidInputError, match="image"):
         reader.read(data)
+
+
+def test_a_sliver_of_an_image_is_invalid_input_not_an_engine_crash(reader: TextReader) -> None:
+    import io
+
+    from PIL import Image
+
+    for size in ((3000, 1), (1, 3000)):
+        buffer = io.BytesIO()
+        Image.new("RGB", size, "white").save(buffer, "PNG")
+        with pytest.raises(InvalidInputError, match="aspect ratio"):
+            reader.read(buffer.getvalue())

@@ -106,6 +106,17 @@ def test_malformed_json_is_a_400(client: httpx.Client) -> None:
         "/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}
     )
     assert_error(response, 400, "invalid_json")
+    headers = {"content-type": "application/json"}
+    deep = client.post("/v1/chat/completions", content=b"[" * 50_000, headers=headers)
+    assert_error(deep, 400, "invalid_json")
+    huge_int = b'{"model": "x", "seed": ' + b"9" * 5000 + b"}"
+    assert_error(client.post("/v1/chat/completions", content=huge_int, headers=headers), 400)
+
+
+def test_a_seed_outside_int64_is_refused(client: httpx.Client) -> None:
+    body = {"model": CHAT_MODEL, "seed": 2**64, "messages": [{"role": "user", "content": "hi"}]}
+    error = assert_error(client.post("/v1/chat/completions", json=body), 400)
+    assert "seed" in error["message"]
 
 
 def test_missing_field_names_it(client: httpx.Client) -> None:

@@ -291,3 +291,17 @@ def test_equal_weights_are_allowed_and_mean_first_come_first_served(tmp_path: Pa
     for index, qos in enumerate(["other", "standard", "other"]):
         queue.push(StageTask("r", "ocr", "ocr", "full", qos, arrival=float(index), deadline=9.0))
     assert [queue.pop().arrival for _ in range(3)] == [0.0, 1.0, 2.0]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("max_qos_class", "platinum", "unknown QoS class"), ("sla_tier", "diamond", "unknown SLA")],
+)
+def test_an_api_key_naming_an_unknown_class_or_tier_is_refused_at_its_line(
+    field: str, value: str, message: str
+) -> None:
+    text = (Path(__file__).parents[2] / "policies" / "default.yaml").read_text()
+    text += f"\nserver:\n  api_keys:\n    - {{name: a, sha256: {'a' * 64}, {field}: {value}}}\n"
+    with pytest.raises(PolicyValidationError, match=message) as caught:
+        load_policy_text(text, "keys.yaml")
+    assert f"server.api_keys[0].{field}" in str(caught.value) and "keys.yaml:" in str(caught.value)
