@@ -138,6 +138,9 @@ class ServingRuntime:
         self.stages: dict[str, StageRuntime] = {}
         self.unserved: dict[str, str] = {}
         self._ready = threading.Event()
+        self._closing = threading.Event()
+        self._release_lock = threading.Lock()
+        self._released: set[str] = set()
         self.started_at = time.time()
         self.load_s = 0.0
 
@@ -182,6 +185,9 @@ class ServingRuntime:
             self._start_workers(stage)
             self.stages = {**self.stages, name: stage}  # swapped whole: handlers iterate it
             report(name, f"ready on {stage.runtime}")
+            if self._closing.is_set():  # closed while loading: release what loaded since
+                self._release_stages()
+                return
         self.load_s = time.monotonic() - began
         self.metrics.ready.set(1)
         self._ready.set()
@@ -293,14 +299,23 @@ class ServingRuntime:
         stage.breaker = ComplexityBreaker(self.spec.circuit_breaker.complexity)
 
     def close(self) -> None:
-        """Stop the workers and release the models."""
+        """Stop the workers and release the models (a :meth:`start` still loading in another
+        thread stops after its current stage and releases it too)."""
+        self._closing.set()
         self._ready.clear()
         self.metrics.ready.set(0)
-        for stage in self.stages.values():
-            if stage.workers is not None:
-                stage.workers.close()
-            if stage.model is not None:
-                stage.model.close()
+        self._release_stages()
+
+    def _release_stages(self) -> None:
+        with self._release_lock:
+            for stage in self.stages.values():
+                if stage.name in self._released:
+                    continue
+                self._released.add(stage.name)
+                if stage.workers is not None:
+                    stage.workers.close()
+                if stage.model is not None:
+                    stage.model.close()
 
     # --- lookup --------------------------------------------------------------------------
 

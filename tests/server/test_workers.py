@@ -34,3 +34,34 @@ def test_a_stage_with_nice_runs_its_model_calls_at_lower_priority() -> None:
     assert _priority_of_worker(0) == base  # the control: unchanged without the setting
     assert _priority_of_worker(10) == 10
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the server's own threads keep theirs
+
+
+def test_closing_while_models_load_releases_every_model_loaded() -> None:
+    from fakes import FAKE_STAGES
+
+    from hetero.framework.policy import load_policy
+    from hetero.framework.server import ServingRuntime
+
+    entered, release = threading.Event(), threading.Event()
+    made: list[Any] = []
+
+    class SlowEmbed(FAKE_STAGES["text_embed"]):  # type: ignore[misc, valid-type]
+        def load(self) -> None:
+            made.append(self)
+            entered.set()
+            assert release.wait(30)
+            super().load()
+
+    stages = {**FAKE_STAGES, "text_embed": SlowEmbed}
+    runtime = ServingRuntime(
+        load_policy("builtin:default"), stage_models=stages, use_cache=False, probe_runtimes=False
+    )
+    loader = threading.Thread(target=runtime.start)
+    loader.start()
+    assert entered.wait(30)
+    runtime.close()  # while text_embed is still loading
+    release.set()
+    loader.join(30)
+    assert not loader.is_alive() and not runtime.ready
+    assert made and not any(model.loaded for model in made)  # released after it finished
+    assert all(not stage.model.loaded for stage in runtime.stages.values())
