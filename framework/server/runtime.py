@@ -314,6 +314,9 @@ class ServingRuntime:
                 self._released.add(stage.name)
                 if stage.workers is not None:
                     stage.workers.close()
+                    if not stage.workers.stopped:  # a batch still runs: leave its model be
+                        logger.warning("stage %s: a model call outlived close()", stage.name)
+                        continue
                 if stage.model is not None:
                     stage.model.close()
 

@@ -25,6 +25,8 @@ from typing import Any
 from hetero.framework.errors import QueueFullError
 from hetero.framework.server.metrics import ServerMetrics
 
+CLOSE_JOIN_S = 30.0  # how long close() waits for a running batch
+
 __all__ = ["BatchCall", "Job", "StageWorkers"]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class StageWorkers:
         self.busy = 0
         self.batches = 0
         self.recent_s: collections.deque[float] = collections.deque(maxlen=4096)  # per batch
+        self._running: list[Job] = []
         self._threads = [
             threading.Thread(target=self._loop, name=f"hetero-{stage}-{i}", daemon=True)
             for i in range(threads)
@@ -167,6 +170,16 @@ class StageWorkers:
         ]
         if not live:
             return
+        with self._cond:
+            self._running.extend(live)
+        try:
+            self._run_live(live)
+        finally:
+            with self._cond:
+                for job in live:
+                    self._running.remove(job)
+
+    def _run_live(self, live: list[Job]) -> None:
         started = time.monotonic()
         if self._metrics is not None:
             for job in live:
@@ -191,14 +204,25 @@ class StageWorkers:
                 job.future.set_result(result)
 
     def close(self) -> None:
-        """Stop taking jobs; queued jobs are failed, running ones finish."""
+        """Stop taking jobs; queued jobs are failed; running generations are asked to stop
+        (their ``stop`` event), and running ones finish."""
         with self._cond:
             self._closed = True
             pending = [entry[2] for entry in self._heap]
             self._heap.clear()
+            running = list(self._running)
             self._cond.notify_all()
         for job in pending:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(QueueFullError(self.stage, job.qos_class, 0))
+        for job in running:
+            stop = getattr(job.payload, "stop", None)
+            if isinstance(stop, threading.Event):
+                stop.set()
         for thread in self._threads:
-            thread.join(timeout=5)
+            thread.join(timeout=CLOSE_JOIN_S)
+
+    @property
+    def stopped(self) -> bool:
+        """Every worker thread has ended (the model is no longer in use)."""
+        return not any(thread.is_alive() for thread in self._threads)

@@ -65,3 +65,29 @@ def test_closing_while_models_load_releases_every_model_loaded() -> None:
     assert not loader.is_alive() and not runtime.ready
     assert made and not any(model.loaded for model in made)  # released after it finished
     assert all(not stage.model.loaded for stage in runtime.stages.values())
+
+
+def test_close_stops_a_running_generation_before_the_model_is_released() -> None:
+    from hetero.framework.server.calls import Generation
+
+    started = threading.Event()
+
+    def generate(variant: str, jobs: Sequence[Any]) -> list[Any]:
+        started.set()
+        for job in jobs:
+            assert job.stop.wait(60)  # a generation that only ends when asked to
+        return ["stopped" for _ in jobs]
+
+    workers = StageWorkers(
+        "llm_generate",
+        generate,
+        weights={"standard": 1.0},
+        aging_per_second=1.0,
+        bound=8,
+        class_bounds={"standard": 8},
+    )
+    job = workers.submit(Generation([], max_tokens=8), "full", "standard")
+    assert started.wait(30)
+    assert not workers.stopped
+    workers.close()
+    assert workers.stopped and job.future.result(timeout=1) == "stopped"
