@@ -25,7 +25,7 @@ from hetero.sandbox.envelope import unwrap_data_key
 from hetero.sandbox.keyring import KeyProvider
 from hetero.sandbox.oci_spec import SOCKET_DIR, SandboxSpec
 from hetero.sandbox.rootfs import ensure_mountpoints, python_mounts, python_rootfs
-from hetero.sandbox.runtimes.base import SandboxRunError, SandboxRuntime
+from hetero.sandbox.runtimes.base import SandboxRunError, SandboxRuntime, end_process
 from hetero.sandbox.wire import WireError, receive, send
 
 __all__ = ["SandboxWorkerError", "SandboxedWorker", "WorkerDiedError", "WorkerLimits"]
@@ -91,6 +91,7 @@ class SandboxedWorker:
         self.handler = handler
         self.limits = limits
         self.extra_mounts = extra_mounts
+        self.mounts = python_mounts(*extra_mounts)  # read-only binds of the Python runtime
         self.extra_env = extra_env
         self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
@@ -115,8 +116,7 @@ class SandboxedWorker:
 
     def spec(self) -> SandboxSpec:
         """The sandbox this worker runs in."""
-        repo_mounts = python_mounts(*self.extra_mounts)
-        if any(self.partition_dir.is_relative_to(m.source) for m in repo_mounts):
+        if any(self.partition_dir.is_relative_to(m.source) for m in self.mounts):
             raise SandboxRunError(
                 f"partition directory {self.partition_dir} lies inside a path the sandbox "
                 "mounts for its Python runtime: keep partitions outside the installation"
@@ -137,7 +137,7 @@ class SandboxedWorker:
             ),
             partition_dir=self.partition_dir,
             socket_dir=self.socket_path.parent,
-            mounts=repo_mounts,
+            mounts=self.mounts,
             env=(
                 f"PATH={Path(sys.executable).parent}:/usr/bin:/bin",
                 "HOME=/tmp",
@@ -157,9 +157,7 @@ class SandboxedWorker:
     def _prepare_dirs(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.chmod(0o711)  # the user namespace's root must reach rootfs and socket
-        ensure_mountpoints(
-            python_rootfs(self.work_dir / "rootfs"), python_mounts(*self.extra_mounts)
-        )
+        ensure_mountpoints(python_rootfs(self.work_dir / "rootfs"), self.mounts)
         self.socket_path.parent.mkdir(exist_ok=True, mode=0o700)
         self.socket_path.unlink(missing_ok=True)
         for path in (self.socket_path.parent, self.partition_dir):
@@ -270,11 +268,7 @@ class SandboxedWorker:
     def _stop_locked(self) -> None:
         self.runtime.stop(self.sandbox_id)
         if self._process is not None:
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            end_process(self._process, terminate=False)
             self._process = None
 
     def __enter__(self) -> SandboxedWorker:

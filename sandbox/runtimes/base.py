@@ -18,6 +18,8 @@ __all__ = [
     "RuntimeMissingError",
     "SandboxRunError",
     "SandboxRuntime",
+    "completed",
+    "end_process",
 ]
 
 
@@ -163,3 +165,16 @@ class SandboxRuntime(abc.ABC):
 def completed(result: subprocess.CompletedProcess[str], oom_killed: bool = False) -> RunOutcome:
     """A :class:`RunOutcome` from a finished subprocess."""
     return RunOutcome(result.returncode, result.stdout, result.stderr, oom_killed)
+
+
+def end_process(
+    process: subprocess.Popen[bytes], *, terminate: bool, grace_s: float = 10.0
+) -> None:
+    """Wait for ``process`` to end (after SIGTERM when ``terminate``), SIGKILL after ``grace_s``."""
+    if terminate:
+        process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

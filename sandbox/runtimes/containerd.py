@@ -26,6 +26,7 @@ from hetero.sandbox.runtimes.base import (
     SandboxRunError,
     SandboxRuntime,
     completed,
+    end_process,
 )
 
 __all__ = ["ContainerdDaemon", "ContainerdRuntime", "ShimMissingError"]
@@ -103,12 +104,7 @@ class ContainerdDaemon:
         """Stop the daemon (SIGTERM, then SIGKILL after 10 s)."""
         if self._process is None:
             return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        end_process(self._process, terminate=True)
         self._process = None
 
     def __enter__(self) -> ContainerdDaemon:
