@@ -56,6 +56,7 @@ __all__ = [
     "ExecutionError",
     "HeteroError",
     "InvalidInputError",
+    "MissingProgramError",
     "NoEligibleDeviceError",
     "OutOfDeviceMemoryError",
     "PipelineError",
@@ -124,6 +125,22 @@ class InvalidInputError(HeteroError, ValueError):
     Raised by the model stages instead of the decoder's or runtime's own exception, so a server
     can answer 400 without knowing which library looked at the bytes.
     """
+
+
+class MissingProgramError(HeteroError, FileNotFoundError):
+    """A program a model needs at run time is not installed; the message says how to fix it.
+
+    Attributes:
+        program: The executable looked for on ``PATH``.
+        package: The Debian package that provides it.
+        fix: The command that installs it.
+    """
+
+    def __init__(self, program: str, package: str, needed_for: str) -> None:
+        self.program = program
+        self.package = package
+        self.fix = f"apt-get install {package}"
+        super().__init__(f"{program} is not installed ({needed_for}); fix: {self.fix}")
 
 
 class PipelineError(HeteroError, ValueError):

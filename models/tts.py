@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero.framework.errors import InvalidInputError
+from hetero.framework.errors import InvalidInputError, MissingProgramError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.models.assets import package_file
 from hetero.models.base import ModelStage
@@ -86,6 +86,7 @@ class SpeechSynthesizer(ModelStage):
     def _load(self) -> None:
         from hetero.models.sessions import open_onnx
 
+        espeak_executable()  # a voice that cannot phonemize cannot speak: fail at load
         path = self.onnx_path
         self._config = json.loads(path.with_name(path.name + ".json").read_text("utf-8"))
         self._ids = {k: list(v) for k, v in self._config["phoneme_id_map"].items()}
@@ -175,15 +176,21 @@ class SpeechSynthesizer(ModelStage):
         )
 
 
+def espeak_executable() -> str:
+    """Where ``espeak-ng`` is; :class:`MissingProgramError` naming the fix when it is absent."""
+    executable = shutil.which("espeak-ng")
+    if executable is None:
+        raise MissingProgramError("espeak-ng", "espeak-ng", "text to speech phonemizes with it")
+    return executable
+
+
 def phonemize(text: str, voice: str = "en-us") -> list[str]:
     """IPA phonemes per sentence, with clause punctuation kept, as Piper's espeak front end does.
 
     One ``espeak-ng`` call for the whole text: clauses go in separated by blank lines and come
     back one per line.
     """
-    executable = shutil.which("espeak-ng")
-    if executable is None:
-        raise FileNotFoundError("espeak-ng is not installed (apt-get install espeak-ng)")
+    executable = espeak_executable()
     clauses = [
         (words.strip(), marks)
         for words, marks in _CLAUSE.findall(" ".join(text.split()))

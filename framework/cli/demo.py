@@ -197,6 +197,8 @@ def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]])
             str(row["light_runs"]),
             row["partition"] or "-",
         )
+    for name, failure in runtime.failed.items():  # skipped: the reason stands in the row
+        table.add_row(name, "-", f"[red]not served[/]: {failure.reason}", *["-"] * 5)
     out.print(table)
     routes = Table(title="Requests (client-side latency)", title_justify="left")
     for column in ("request", "count", "p50", "p99"):

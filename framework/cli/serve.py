@@ -34,6 +34,11 @@ def add_server_parsers(commands: Any) -> None:
     serve.add_argument("--host", default=None, help="address to bind (policy server.host)")
     serve.add_argument("--port", type=int, default=None, help="port (policy server.port)")
     serve.add_argument("--no-probe", action="store_true", help="skip timing each runtime")
+    serve.add_argument(
+        "--require-all-stages",
+        action="store_true",
+        help="exit (code 1) when any stage's model cannot load, instead of serving the others",
+    )
     run = commands.add_parser("run", help="send one request in-process and print the result")
     run.add_argument("route", help="e.g. /v1/embeddings, /v1/image/describe, /v1/pipelines/chat")
     run.add_argument("--input", required=True, help="input file (text, image, audio or JSON)")
@@ -48,7 +53,16 @@ def run_server_command(
 ) -> int | None:
     """Run ``serve``, ``run`` or ``demo`` if that is the command; None otherwise."""
     if args.command == "serve":
-        return run_serve(out, err, registry, args.policy, args.host, args.port, not args.no_probe)
+        return run_serve(
+            out,
+            err,
+            registry,
+            args.policy,
+            args.host,
+            args.port,
+            probe=not args.no_probe,
+            require_all_stages=args.require_all_stages,
+        )
     if args.command == "run":
         return run_run(out, registry, args.route, args.input, args.policy, args.output)
     if args.command == "demo":
@@ -76,7 +90,7 @@ def load_with_progress(runtime: Any, err: Console) -> None:
             if task is None:
                 return
             progress.update(task, description=f"{stage}: {message}")
-            if message.startswith("ready"):
+            if message.startswith(("ready", "failed")):
                 progress.update(task, total=1, completed=1)
                 progress.advance(overall)
 
@@ -101,17 +115,29 @@ def run_serve(
     policy_path: str,
     host: str | None,
     port: int | None,
+    *,
     probe: bool = True,
+    require_all_stages: bool = False,
 ) -> int:
-    """Serve until interrupted; /ready answers 503 until every model is loaded."""
+    """Serve until interrupted; /ready answers 503 until every model that can load is loaded.
+
+    A stage that cannot load is logged with its reason and not served; with
+    ``require_all_stages`` it stops the server instead (exit code 1).
+    """
     import uvicorn
 
     from hetero.framework.server import ServingRuntime, create_app
+    from hetero.framework.server.runtime import StagesFailedError
 
     policy = load_policy(policy_path)
     gate, sandboxes = compliance_for(policy)
     runtime = ServingRuntime(
-        policy, registry=registry, probe_runtimes=probe, gate=gate, sandboxes=sandboxes
+        policy,
+        registry=registry,
+        probe_runtimes=probe,
+        gate=gate,
+        sandboxes=sandboxes,
+        require_all_stages=require_all_stages,
     )
     app = create_app(runtime, registry=registry)
     bind_host = host or policy.spec.server.host
@@ -126,9 +152,10 @@ def run_serve(
     def load() -> None:
         try:
             load_with_progress(runtime, err)
+            skipped = f", {len(runtime.failed)} not served" if runtime.failed else ""
             err.print(
                 f"[green]ready[/]: http://{bind_host}:{bind_port} ({len(runtime.stages)} "
-                f"stages, policy {policy.spec.name!r})",
+                f"stages{skipped}, policy {policy.spec.name!r})",
                 highlight=False,
             )
         except BaseException as error:  # reported, then the server stops
@@ -146,6 +173,9 @@ def run_serve(
         server.run()
     finally:
         runtime.close()
+    if failure and isinstance(failure[0], StagesFailedError):
+        err.print(f"error: {failure[0]} (--require-all-stages)", highlight=False, markup=False)
+        return 1
     if failure:
         raise failure[0]
     return 0

@@ -112,8 +112,15 @@ async def _step(
 ) -> tuple[Any, StageRun]:
     stage = rt.stages.get(stage_name)
     if stage is None:
+        failure = rt.failed.get(stage_name)
+        if failure is not None:
+            raise APIError(
+                503,
+                f"pipeline {pipeline!r}: stage {stage_name!r} is unavailable: {failure.reason}",
+                code="stage_unavailable",
+            )
         reason = rt.unserved.get(stage_name, "not loaded")
-        if not rt.ready:
+        if rt.loading:
             raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
         raise APIError(
             503,

@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hetero.framework.server.context import CallerDep, runtime_of
-from hetero.framework.server.errors import APIError, error_response
 
 __all__ = ["router"]
 
@@ -24,13 +23,19 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready", response_model=None)
 async def ready(request: Request) -> dict[str, Any] | JSONResponse:
-    """Readiness: 200 once every model is loaded, 503 before."""
+    """Readiness, per stage: 200 once every stage that could load is loaded (stages that
+    failed say why), 503 while models load or when no stage serves."""
     rt = runtime_of(request)
-    if not rt.ready:
-        return error_response(
-            APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
-        )
-    return {"status": "ready", "stages": sorted(rt.stages), "load_s": round(rt.load_s, 3)}
+    body: dict[str, Any] = {
+        "ready": rt.ready,
+        "status": "ready" if rt.ready else "loading" if rt.loading else "unavailable",
+        "stages": rt.stage_states(),
+        "load_s": round(rt.load_s, 3),
+    }
+    if rt.ready:
+        return body
+    headers = {"Retry-After": "5"} if rt.loading else {}
+    return JSONResponse(body, status_code=503, headers=headers)
 
 
 @router.get("/metrics")

@@ -22,7 +22,7 @@ import numpy as np
 
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
-from hetero.framework.errors import ShedError
+from hetero.framework.errors import HeteroError, ShedError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import StageConfig
 from hetero.framework.registry import Registry, default_registry
@@ -35,7 +35,14 @@ from hetero.framework.server.metrics import ServerMetrics
 from hetero.framework.server.stages import BATCHABLE, discover_stage_models, stage_kind
 from hetero.framework.server.workers import StageWorkers
 
-__all__ = ["ServingRuntime", "StageRun", "StageRuntime"]
+__all__ = [
+    "ServingRuntime",
+    "StageFailure",
+    "StageRun",
+    "StageRuntime",
+    "StagesFailedError",
+    "describe_failure",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,32 @@ class StageRuntime:
     def sensitive(self) -> bool:
         """Whether the stage touches a data partition."""
         return self.config.partition is not None
+
+
+@dataclass(frozen=True, slots=True)
+class StageFailure:
+    """Why a stage's model could not load."""
+
+    kind: str
+    reason: str
+
+
+class StagesFailedError(HeteroError):
+    """Start-up asked for every stage and some could not load."""
+
+    def __init__(self, failed: Mapping[str, StageFailure]) -> None:
+        self.failed = dict(failed)
+        names = ", ".join(sorted(failed))
+        super().__init__(f"stages that could not load: {names}")
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line: what went wrong loading a model (the fix is in the message where known)."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(err, HeteroError):
+        return text or type(err).__name__
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +138,8 @@ class ServingRuntime:
         use_cache: Whether stage outputs are cached at all.
         probe_runtimes: Whether to time every runtime a stage supports at start-up.
         metrics: Where to count (a fresh registry by default).
+        require_all_stages: Fail start-up when any stage's model cannot load, instead of
+            serving the others.
     """
 
     def __init__(
@@ -120,6 +155,7 @@ class ServingRuntime:
         use_cache: bool = True,
         probe_runtimes: bool = True,
         metrics: ServerMetrics | None = None,
+        require_all_stages: bool = False,
     ) -> None:
         self.policy = policy
         self.spec = policy.spec
@@ -137,7 +173,10 @@ class ServingRuntime:
         self.cache: FeatureCache | None = None
         self.stages: dict[str, StageRuntime] = {}
         self.unserved: dict[str, str] = {}
+        self.failed: dict[str, StageFailure] = {}
+        self.require_all_stages = require_all_stages
         self._ready = threading.Event()
+        self._loaded = threading.Event()
         self._closing = threading.Event()
         self._release_lock = threading.Lock()
         self._released: set[str] = set()
@@ -148,8 +187,13 @@ class ServingRuntime:
 
     @property
     def ready(self) -> bool:
-        """Whether every served model is loaded."""
+        """Whether loading has ended and at least one stage serves."""
         return self._ready.is_set()
+
+    @property
+    def loading(self) -> bool:
+        """Whether start-up is still loading models."""
+        return not self._loaded.is_set()
 
     def plan(self) -> list[tuple[str, str]]:
         """(stage, kind) of every stage that has a model, in policy order."""
@@ -169,7 +213,13 @@ class ServingRuntime:
         return self._stage_models
 
     def start(self, progress: Progress | None = None) -> None:
-        """Load every model, pick runtimes, start the workers; then the runtime is ready."""
+        """Load every model, pick runtimes, start the workers; then the runtime is ready.
+
+        A stage whose model cannot load is logged (one line: the stage, the cause, the fix
+        where one is known), kept in :attr:`failed` and not served; the others are. With
+        ``require_all_stages`` the first such failure ends start-up with
+        :class:`StagesFailedError` instead, after releasing what loaded.
+        """
         began = time.monotonic()
         report = progress or (lambda stage, message: None)
         if self._use_cache and self.spec.cache.enabled:
@@ -181,7 +231,18 @@ class ServingRuntime:
                 continue
             stage = StageRuntime(name, kind, self.spec.stages[name], model_class)
             report(name, "loading")
-            self._load(stage, report)
+            try:
+                self._load(stage, report)
+            except Exception as err:
+                reason = describe_failure(err)
+                self.failed = {**self.failed, name: StageFailure(kind, reason)}
+                logger.error("stage %s failed to load: %s", name, reason)
+                report(name, f"failed: {reason}")
+                if self.require_all_stages:
+                    self._release_stages()
+                    self.stages = {}
+                    raise StagesFailedError(self.failed) from err
+                continue
             self._start_workers(stage)
             self.stages = {**self.stages, name: stage}  # swapped whole: handlers iterate it
             report(name, f"ready on {stage.runtime}")
@@ -189,14 +250,35 @@ class ServingRuntime:
                 self._release_stages()
                 return
         self.load_s = time.monotonic() - began
-        self.metrics.ready.set(1)
-        self._ready.set()
+        self._loaded.set()
+        if self.stages:
+            self.metrics.ready.set(1)
+            self._ready.set()
         logger.info(
             "serving %d stages in %.1f s: %s",
             len(self.stages),
             self.load_s,
             ", ".join(f"{s.name}={s.runtime}" for s in self.stages.values()),
         )
+
+    def stage_states(self) -> dict[str, dict[str, str]]:
+        """Per policy stage: ``state`` (waiting, loading, ready, failed, unserved) and, unless
+        ready, the ``reason``."""
+        states: dict[str, dict[str, str]] = {}
+        for name in self.spec.stages:
+            if name in self.stages:
+                states[name] = {"state": "ready", "runtime": self.stages[name].runtime}
+            elif name in self.failed:
+                states[name] = {"state": "failed", "reason": self.failed[name].reason}
+            elif name in self.unserved:
+                states[name] = {"state": "unserved", "reason": self.unserved[name]}
+            else:
+                done = self._loaded.is_set()
+                states[name] = {
+                    "state": "unserved" if done else "loading",
+                    "reason": "no model" if done else "models are still loading",
+                }
+        return states
 
     def _model_class(self, name: str, kind: str, model_class: Any) -> Any:
         """The class that runs stage ``name``: the model itself, or for a stage with a
@@ -231,6 +313,7 @@ class ServingRuntime:
         if not self._probe:
             candidates = candidates[:1]
         best: tuple[float, str, Any] | None = None
+        errors: list[Exception] = []
         for runtime in candidates:
             report(stage.name, f"loading on {runtime}")
             model = None
@@ -243,6 +326,7 @@ class ServingRuntime:
                     model.close()  # loaded but failed its timing: release it
                 if len(candidates) == 1:
                     raise
+                errors.append(err)
                 stage.timings[runtime] = f"unavailable: {type(err).__name__}: {err}"
                 logger.warning("stage %s: runtime %s unavailable: %s", stage.name, runtime, err)
                 continue
@@ -254,7 +338,11 @@ class ServingRuntime:
             else:
                 model.close()
         if best is None:
-            raise RuntimeError(f"stage {stage.name}: no runtime could load its model")
+            causes = {describe_failure(err) for err in errors}
+            if len(causes) == 1:  # the same cause on every runtime: that is the reason
+                raise errors[0]
+            tried = "; ".join(f"{r}: {stage.timings[r]}" for r in candidates)
+            raise RuntimeError(f"no runtime could load its model ({tried})")
         stage.call_s = best[0]
         stage.runtime, stage.model = best[1], best[2]
 
@@ -328,7 +416,11 @@ class ServingRuntime:
             stage = self.stages.get(name)
             if stage is not None and stage.kind == kind:
                 return stage
-        if not self.ready:
+        for name, failure in self.failed.items():
+            if failure.kind == kind and (among is None or name in among):
+                message = f"stage {name!r} is unavailable: {failure.reason}"
+                raise APIError(503, message, code="stage_unavailable")
+        if self.loading:
             raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
         raise APIError(404, f"this policy serves no {kind} stage", code="stage_not_served")
 
