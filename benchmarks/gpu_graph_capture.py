@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from hetero.backends.cuda.torch_executor import TorchExecutor
+from hetero.framework.executors.torch_executor import TorchExecutor
 
 REPEATS = 200
 

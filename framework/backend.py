@@ -249,6 +249,24 @@ class Backend(abc.ABC):
         model.latency.record(elapsed, batch_size(inputs))
         return RunResult(outputs=outputs, latency_s=elapsed)
 
+    def accepts(self, graph_format: GraphFormat, device_id: str) -> bool:
+        """Whether ``device_id`` runs graphs of ``graph_format``; the scheduler places a
+        stage only on devices that accept every graph it has."""
+        return graph_format in self.graph_formats
+
+    def native(self, model: LoadedModel) -> Any:
+        """The runtime's own object for a loaded graph (an ONNX Runtime session, an OpenVINO
+        compiled model, a torch module on its device): the device-native handle a stage asks
+        for when it drives a loop itself (a KV cache)."""
+        if model.handle not in self._loaded:
+            raise ExecutionError(model.device_id, model.graph.name, "model is not loaded")
+        return self._native(model)
+
+    def torch_device(self, device_id: str) -> str | None:
+        """The torch device string of ``device_id`` (``cpu``, ``cuda:0``), None where torch
+        does not run there."""
+        return self._torch_device(device_id)
+
     def copy(self, array: np.ndarray[Any, Any], src: str, dst: str) -> np.ndarray[Any, Any]:
         """Move ``array`` from device ``src`` to device ``dst`` (both of this backend)."""
         self.device(src)
@@ -317,6 +335,13 @@ class Backend(abc.ABC):
     def _copy(self, array: np.ndarray[Any, Any], src: str, dst: str) -> np.ndarray[Any, Any]:
         """Default for host-memory devices: an independent copy."""
         return np.array(array, copy=True)
+
+    def _native(self, model: LoadedModel) -> Any:
+        """The device-native object of a loaded model; by default what :meth:`_load` returned."""
+        return model.native
+
+    def _torch_device(self, device_id: str) -> str | None:
+        return None
 
     def _capture(self, model: LoadedModel, example_inputs: Arrays) -> LoadedModel:
         raise UnsupportedCapabilityError(f"{self.name}: graph capture is not implemented")

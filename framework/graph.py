@@ -89,6 +89,9 @@ class ComputeGraph:
         hint: The cost hint.
         input_names: Input names in order, where the format does not carry them.
         metadata: Free-form facts (model version, preprocessing parameters).
+        threads: Intra-op threads the runtime may use for it on a CPU (0: its default).
+        helper: A small helper of a stage's main graphs (a voice-activity detector) that runs
+            on the host CPU beside them, wherever they are placed.
     """
 
     name: str
@@ -97,8 +100,12 @@ class ComputeGraph:
     hint: BandwidthHint
     input_names: tuple[str, ...] = ()
     metadata: tuple[tuple[str, str], ...] = ()
+    threads: int = 0
+    helper: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "format", GraphFormat(self.format))
+        if self.threads < 0:
+            raise ValueError(f"graph {self.name!r}: threads must not be negative")
         if self.format is GraphFormat.TORCH and not callable(self.source):
             raise ValueError(f"graph {self.name!r}: a torch graph's source must be a factory")

@@ -1,36 +1,70 @@
-"""The contract every model stage follows: prepare artefacts, load sessions, describe a graph.
+"""What every built-in model stage shares: the plugin contract, artefacts, standalone use.
 
 A stage is built cheaply (no imports of torch or a runtime, no file access); :meth:`prepare`
 writes derived artefacts (an exported ONNX file, a converted state dict) into the model cache
-once; :meth:`load` opens the sessions. Inference methods load on first use, so a caller may skip
-both. Each stage exposes the network the cost model should see through :meth:`graph`.
+once; :meth:`setup` loads what :meth:`run` needs beside its graphs (tokenizers, label names).
+The engine loads the graphs on the device it places the stage on and calls :meth:`run` with
+that device's runner. Used by itself (a test, a notebook), a stage loads its graphs on the host
+device of its ``runtime`` through the same backend (:meth:`load`), and its convenience methods
+(``embed``, ``read``, ...) call :meth:`run` with that runner: one code path either way.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from hetero.framework.graph import ComputeGraph
+from hetero.framework.errors import BackendError
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.runner import LoadedGraphs, open_graphs
+from hetero.framework.stage_plugin import GraphRunner, StagePlugin
 from hetero.models.assets import model_cache_dir, offline_hub
 
-__all__ = ["RUNTIMES", "VARIANTS", "ModelStage"]
+__all__ = ["RUNTIMES", "RUNTIME_DEVICES", "VARIANTS", "ModelStage", "each"]
 
 RUNTIMES = ("onnxruntime", "openvino", "torch")
 VARIANTS = ("full", "light")
+RUNTIME_DEVICES = {
+    "onnxruntime": "npu:onnxruntime/CPUExecutionProvider",
+    "openvino": "npu:openvino/CPU",
+    "torch": "npu:torch/cpu",
+}
+"""The host device a stage used by itself runs on, per runtime library."""
+_RUNTIME_FORMATS = {
+    "onnxruntime": GraphFormat.ONNX,
+    "openvino": GraphFormat.ONNX,
+    "torch": GraphFormat.TORCH,
+}
 
 
-class ModelStage(abc.ABC):
+def each(function: Callable[[Any], Any], payloads: Sequence[Any]) -> list[Any]:
+    """``function`` over each payload; an item that raises gets its exception as its result
+    (bad input fails its item, not its batch). A backend's error (the device failed, not the
+    input) is raised: the engine retries the batch on another device."""
+    results: list[Any] = []
+    for payload in payloads:
+        try:
+            results.append(function(payload))
+        except BackendError:
+            raise
+        except Exception as err:
+            results.append(err)
+    return results
+
+
+class ModelStage(StagePlugin):
     """A real model behind one policy stage.
 
     Attributes:
-        name: The policy stage name (``vision_encode``, ``asr``...).
-        runtimes: The runtimes this stage can run on, a subset of :data:`RUNTIMES`.
-        runtime: The runtime picked at construction.
+        name: The policy stage kind (``vision_encode``, ``asr``...).
+        runtimes: The runtime libraries its graphs run on, a subset of :data:`RUNTIMES`.
+        runtime: Where it runs when used by itself (the engine places it instead).
         cache_dir: Where derived artefacts live.
-        threads: Intra-op threads given to the runtime.
+        threads: Intra-op threads for its graphs when used by itself.
     """
 
     name: ClassVar[str]
@@ -49,7 +83,13 @@ class ModelStage(abc.ABC):
         self.threads = threads
         self._lock = threading.RLock()
         self._prepared = False
-        self._loaded = False
+        self._set_up = False
+        self._own: LoadedGraphs | None = None
+
+    @property
+    def formats(self) -> tuple[GraphFormat, ...]:
+        """Graph formats this stage offers, preferred first (the engine picks per device)."""
+        return tuple(dict.fromkeys(_RUNTIME_FORMATS[r] for r in self.runtimes))
 
     def prepare(self) -> None:
         """Create derived artefacts in :attr:`cache_dir` if they are missing (idempotent)."""
@@ -61,44 +101,81 @@ class ModelStage(abc.ABC):
             self._prepare()
             self._prepared = True
 
-    def load(self) -> None:
-        """Prepare if needed, then open the runtime sessions (idempotent)."""
+    def setup(self) -> None:
+        """Prepare if needed, then load what :meth:`run` needs beside its graphs (idempotent)."""
         with self._lock:
-            if self._loaded:
+            if self._set_up:
                 return
             self.prepare()
-            self._load()
-            self._loaded = True
+            self._setup()
+            self._set_up = True
+
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        """The stage's graphs for ``variant`` in ``graph_format`` (the preferred one by
+        default), with their cost hints; exports artefacts if they are missing."""
+        self._check_variant(variant)
+        chosen = GraphFormat(graph_format) if graph_format is not None else self.formats[0]
+        if chosen not in self.formats:
+            offered = ", ".join(f.value for f in self.formats)
+            raise ValueError(f"stage {self.name!r} has no {chosen.value} graphs ({offered})")
+        self.prepare()
+        return self._graphs(variant, chosen)
+
+    # --- used by itself -----------------------------------------------------------------
+
+    def load(self) -> None:
+        """Set up, then load the graphs on the host device of :attr:`runtime` (idempotent)."""
+        with self._lock:
+            if self._own is not None:
+                return
+            self.setup()
+            graphs = self.graphs("full", _RUNTIME_FORMATS[self.runtime])
+            graphs = {
+                name: dataclasses.replace(graph, threads=self.threads)
+                for name, graph in graphs.items()
+            }
+            self._own = open_graphs(graphs, RUNTIME_DEVICES[self.runtime])
 
     @property
     def loaded(self) -> bool:
         """Whether :meth:`load` has completed and :meth:`close` has not been called since."""
-        return self._loaded
+        return self._own is not None
+
+    @property
+    def runner(self) -> GraphRunner:
+        """The runner of the stage used by itself (loads on first use)."""
+        self.load()
+        assert self._own is not None
+        return self._own
 
     def close(self) -> None:
-        """Drop the sessions; a later call loads them again."""
+        """Release the graphs loaded by :meth:`load`; a later call loads them again."""
         with self._lock:
-            if self._loaded:
-                self._close()
-            self._loaded = False
+            own, self._own = self._own, None
+        if own is not None:
+            own.unload()
+
+    def _call(self, variant: str, payload: Any) -> Any:
+        """One request through :meth:`run` on this stage's own runner; raises its error."""
+        self._check_variant(variant)
+        (result,) = self.run(self.runner, variant, [payload])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    # --- for subclasses -----------------------------------------------------------------
 
     @abc.abstractmethod
-    def graph(self, variant: str = "full") -> ComputeGraph:
-        """The main network of this stage with its cost hint, for the cost model.
+    def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
+        """The graphs in ``graph_format`` (one of :attr:`formats`), artefacts prepared."""
 
-        Prepares artefacts if needed (the graph's source is a file in the cache).
-        """
-
-    def _prepare(self) -> None:  # noqa: B027 - optional hook
+    def _prepare(self) -> None:
         """Write derived artefacts; the default has none."""
 
-    @abc.abstractmethod
-    def _load(self) -> None:
-        """Open sessions; called once under the lock, after :meth:`_prepare`."""
-
-    @abc.abstractmethod
-    def _close(self) -> None:
-        """Release sessions."""
+    def _setup(self) -> None:
+        """Load tokenizers and the like; called once under the lock, after :meth:`_prepare`."""
 
     @staticmethod
     def _check_variant(variant: str) -> None:
@@ -106,5 +183,5 @@ class ModelStage(abc.ABC):
             raise ValueError(f"unknown variant {variant!r} (variants: {', '.join(VARIANTS)})")
 
     def __repr__(self) -> str:
-        state = "loaded" if self._loaded else "not loaded"
+        state = "loaded" if self.loaded else "not loaded"
         return f"<{type(self).__name__} {self.name} on {self.runtime}, {state}>"

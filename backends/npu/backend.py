@@ -1,4 +1,5 @@
-"""The npu backend: devices of OpenVINO and ONNX Runtime side by side, on host memory."""
+"""The npu backend: the host's runtimes side by side, on host memory: OpenVINO (CPU, GPU,
+NPU), ONNX Runtime (CPU and NPU execution providers) and torch on the CPU."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hetero.backends.npu.runtime import Runtime, onnx_bytes_or_path, serialized_
 from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel
 from hetero.framework.devices import DeviceClass, DeviceSpec, Telemetry
 from hetero.framework.errors import UnknownDeviceError
-from hetero.framework.graph import ComputeGraph
+from hetero.framework.graph import ComputeGraph, GraphFormat
 
 __all__ = ["NpuBackend"]
 
@@ -30,19 +31,29 @@ def _make_runtime(name: str) -> Runtime:
         from hetero.backends.npu.onnxruntime_runtime import OnnxRuntime
 
         return OnnxRuntime()
+    if name == "torch":
+        from hetero.backends.npu.torch_runtime import TorchRuntime
+
+        return TorchRuntime()
     raise ValueError(f"unknown npu runtime {name!r}")
 
 
 class NpuBackend(Backend):
-    """OpenVINO and ONNX Runtime devices: the host CPU here, Intel/Ascend NPUs where present.
+    """OpenVINO, ONNX Runtime and torch devices: the host CPU here, Intel/Ascend NPUs where
+    present. Device ids name the runtime: ``npu:openvino/CPU``,
+    ``npu:onnxruntime/CPUExecutionProvider``, ``npu:torch/cpu``.
 
-    Memory accounting: a load is charged the larger of the serialized model size and the
-    process's resident-set growth while loading, and exactly that is returned on unload.
+    Memory accounting: a load is charged the larger of the serialized model size (or the
+    graph's resident hint) and the process's resident-set growth while loading, and exactly
+    that is returned on unload.
     """
 
     name: ClassVar[str] = "npu"
+    graph_formats: ClassVar[frozenset[GraphFormat]] = frozenset(
+        {GraphFormat.ONNX, GraphFormat.TORCH}
+    )
 
-    def __init__(self, runtimes: tuple[str, ...] = ("openvino", "onnxruntime")) -> None:
+    def __init__(self, runtimes: tuple[str, ...] = ("openvino", "onnxruntime", "torch")) -> None:
         super().__init__()
         self._runtime_names = runtimes
         self._runtimes: dict[str, Runtime] = {}
@@ -102,25 +113,57 @@ class NpuBackend(Backend):
             power_watts=None,
         )
 
-    def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
+    def _runtime_for_graph(self, device_id: str, graph: ComputeGraph) -> tuple[Runtime, str]:
+        """Where a graph of ``device_id``'s stage runs: on the device's own runtime when it
+        takes the format (and the graph is not a host helper); otherwise on the host's runtime
+        for the format (a torch decoder beside an ONNX encoder runs in torch on the CPU, a
+        helper ONNX graph on ONNX Runtime's CPU provider)."""
         runtime, local_id = self._runtime_for(device_id)
+        if graph.format in runtime.formats and not graph.helper:
+            return runtime, local_id
+        for other_name, other_local in (("torch", "cpu"), ("onnxruntime", "CPUExecutionProvider")):
+            other = self._runtimes.get(other_name)
+            if other is not None and graph.format in other.formats:
+                return other, other_local
+        raise ValueError(
+            f"graph format {graph.format.value!r} is not supported on {device_id} "
+            f"({', '.join(f.value for f in runtime.formats)})"
+        )
+
+    def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
+        runtime, local_id = self._runtime_for_graph(device_id, graph)
         return runtime.compile(graph, local_id)
 
     def _load(self, executable: Executable) -> tuple[Any, int]:
-        runtime, local_id = self._runtime_for(executable.device_id)
+        runtime, local_id = self._runtime_for_graph(executable.device_id, executable.graph)
         process = psutil.Process()
         with self._load_lock:  # one load at a time, so RSS growth belongs to this one
             before = process.memory_info().rss
             loaded = runtime.load(executable.native, executable.graph, local_id)
             grown = max(0, process.memory_info().rss - before)
-        floor = max(
-            executable.graph.hint.resident_bytes,
-            serialized_size(onnx_bytes_or_path(executable.graph)),
-        )
+        floor = executable.graph.hint.resident_bytes
+        if executable.graph.format is GraphFormat.ONNX:
+            floor = max(floor, serialized_size(onnx_bytes_or_path(executable.graph)))
         return (runtime, loaded), max(grown, floor)
 
     def _unload(self, model: LoadedModel) -> None:
+        runtime: Runtime = model.native[0]
+        runtime.unload(model.native[1])
         model.native = None  # the runtimes free the compiled model when the last reference goes
+
+    def accepts(self, graph_format: GraphFormat, device_id: str) -> bool:
+        try:
+            runtime, _ = self._runtime_for(device_id)
+        except UnknownDeviceError:
+            return False
+        return graph_format in runtime.formats
+
+    def _native(self, model: LoadedModel) -> Any:
+        runtime: Runtime = model.native[0]
+        return runtime.native(model.native[1])
+
+    def _torch_device(self, device_id: str) -> str | None:
+        return "cpu" if "torch" in self._runtimes else None  # every npu device is the host
 
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
         runtime: Runtime = model.native[0]

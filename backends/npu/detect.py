@@ -1,4 +1,4 @@
-"""Cheap detection of the npu backend: is OpenVINO or ONNX Runtime importable?"""
+"""Cheap detection of the npu backend: is OpenVINO, ONNX Runtime or torch importable?"""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from importlib.util import find_spec
 
 from hetero.framework.registry import Detection
 
-RUNTIMES = ("openvino", "onnxruntime")
+RUNTIMES = ("openvino", "onnxruntime", "torch")
 PRIORITY = 10
 
 
@@ -18,10 +18,10 @@ def _installed(module: str) -> bool:
 
 
 def detect() -> Detection:
-    """Available when at least one runtime is installed; imports neither of them."""
+    """Available when at least one runtime is installed; imports none of them."""
     present = [name for name in RUNTIMES if _installed(name)]
     if not present:
-        return Detection.missing("npu", "neither openvino nor onnxruntime is installed")
+        return Detection.missing("npu", "none of openvino, onnxruntime, torch is installed")
 
     def factory() -> NpuBackend:
         return NpuBackend(runtimes=tuple(present))

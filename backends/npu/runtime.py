@@ -1,10 +1,10 @@
-"""What the npu backend needs from each runtime (OpenVINO, ONNX Runtime)."""
+"""What the npu backend needs from each runtime library (OpenVINO, ONNX Runtime, torch)."""
 
 from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -15,9 +15,10 @@ __all__ = ["Runtime", "onnx_bytes_or_path", "serialized_size"]
 
 
 class Runtime(abc.ABC):
-    """One inference runtime behind the npu backend."""
+    """One runtime library behind the npu backend, over its executor."""
 
-    name: str
+    name: ClassVar[str]
+    formats: ClassVar[frozenset[GraphFormat]] = frozenset({GraphFormat.ONNX})
 
     @abc.abstractmethod
     def local_devices(self) -> list[tuple[str, DeviceClass, str, dict[str, Any]]]:
@@ -36,6 +37,13 @@ class Runtime(abc.ABC):
         self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]
     ) -> dict[str, np.ndarray[Any, Any]]:
         """Run and return outputs by name."""
+
+    def native(self, loaded: Any) -> Any:
+        """The runtime's own object behind ``loaded``."""
+        return loaded
+
+    def unload(self, loaded: Any) -> None:  # noqa: B027 - optional hook
+        """Release what ``loaded`` holds beyond dropping the reference."""
 
 
 def onnx_bytes_or_path(graph: ComputeGraph) -> bytes | str:

@@ -6,13 +6,23 @@ Calls follow the amdsmi Python API of ROCm 6.x; every optional reading tolerates
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
 from collections.abc import Callable
 from typing import Any
 
 from hetero.backends.rocm.readings import AmdGpuReading, AmdSmiReadings, PairReading
 
-__all__ = ["read_gpu", "read_host"]
+__all__ = ["import_amdsmi", "read_gpu", "read_host"]
+
+
+def import_amdsmi() -> Any:
+    """``import amdsmi``, with the two lines it prints to stdout where ROCm is absent
+    swallowed (it then raises ``KeyError``, not an ImportError)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        import amdsmi
+    return amdsmi
 
 
 def _maybe(amdsmi: Any, call: Callable[..., Any], *args: Any) -> Any:

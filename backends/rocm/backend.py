@@ -1,24 +1,20 @@
-"""RocmBackend: amdsmi for discovery, topology and telemetry; a ROCm build of torch for
-execution (HIP devices appear as ``cuda:N`` in torch); HIP Graph capture through torch's
-CUDA Graph API.
-
-Execution reuses the cuda backend's torch executor, because HIP is reached through the same
-torch API; that is this package's one import from a sibling backend.
-"""
+"""RocmBackend: amdsmi for discovery, topology and telemetry; execution through the shared
+torch executor (a ROCm build of torch: HIP devices appear as ``cuda:N``) and ONNX Runtime's ROCm
+provider; HIP Graph capture through torch's CUDA Graph API."""
 
 from __future__ import annotations
 
 import time
 from typing import Any, ClassVar
 
-from hetero.backends.cuda.backend import CudaBackend
 from hetero.backends.rocm import amdsmi_probe, translate
 from hetero.framework.devices import DeviceSpec, Telemetry
+from hetero.framework.executors.gpu_backend import GpuBackend, device_index
 
 __all__ = ["RocmBackend"]
 
 
-class RocmBackend(CudaBackend):
+class RocmBackend(GpuBackend):
     """AMD GPUs. ``amdsmi`` is the amdsmi module; tests pass a named fake in its place."""
 
     name: ClassVar[str] = "rocm"
@@ -27,10 +23,8 @@ class RocmBackend(CudaBackend):
 
     def __init__(self, amdsmi: Any = None) -> None:
         if amdsmi is None:
-            from hetero.backends.rocm.detect import _import_amdsmi
-
-            amdsmi = _import_amdsmi()
-        super().__init__(nvml=object())
+            amdsmi = amdsmi_probe.import_amdsmi()
+        super().__init__()
         self._amdsmi = amdsmi
         self._amdsmi_ready = False
         self._handles: list[Any] = []
@@ -47,11 +41,11 @@ class RocmBackend(CudaBackend):
 
     def _telemetry(self, device_id: str) -> Telemetry:
         self._ensure_amdsmi()
-        index = int(device_id.split(":", 1)[1])
+        index = device_index(device_id)
         reading = amdsmi_probe.read_gpu(self._amdsmi, self._handles, index)
         return translate.telemetry(reading, device_id, time.time())
 
     def _device_memory_used(self, device_id: str) -> int:
         self._ensure_amdsmi()
-        index = int(device_id.split(":", 1)[1])
+        index = device_index(device_id)
         return amdsmi_probe.read_gpu(self._amdsmi, self._handles, index).vram_used_bytes

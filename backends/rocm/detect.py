@@ -6,26 +6,18 @@ ImportError); detection swallows that output and reports ``amdsmi library not fo
 
 from __future__ import annotations
 
-import contextlib
-import io
 from importlib.util import find_spec
-from typing import Any
 
+from hetero.backends.rocm.amdsmi_probe import import_amdsmi
 from hetero.framework.registry import Detection
 
 PRIORITY = 30
 
 
-def _import_amdsmi() -> Any:
-    with contextlib.redirect_stdout(io.StringIO()):
-        import amdsmi
-    return amdsmi
-
-
 def probe_amdsmi() -> tuple[int, str]:
     """Number of AMD GPUs and a reason; 0 devices means unavailable."""
     try:
-        amdsmi = _import_amdsmi()
+        amdsmi = import_amdsmi()
     except ImportError:
         return 0, "amdsmi is not installed (pip install 'hetero[rocm]')"
     except Exception:  # KeyError('libamd_smi.so') when ROCm's library is absent

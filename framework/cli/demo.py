@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def _workload(model: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
-    from hetero.framework.server.samples import photo_png, text_page_png
+    from hetero.framework.samples import photo_png, text_page_png
 
     jobs: list[tuple[str, str, dict[str, Any]]] = []
     pages = [["OPEN 9 TO 5", "MONDAY TO FRIDAY"], ["INVOICE 1042", "TOTAL 18.50 EUR"]]

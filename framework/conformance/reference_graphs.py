@@ -33,6 +33,24 @@ class ReferenceGraph:
     rtol: float = 1e-4
     atol: float = 1e-5
 
+    @property
+    def torch_graph(self) -> ComputeGraph:
+        """The same computation as a torch module factory, for devices without ONNX."""
+        from hetero.framework.conformance.torch_reference import torch_factory
+
+        assert isinstance(self.graph.source, bytes)
+        short = self.graph.name.split("/", 1)[1]
+        return ComputeGraph(
+            self.graph.name + "/torch",
+            GraphFormat.TORCH,
+            torch_factory(short, self.graph.source),
+            self.graph.hint,
+        )
+
+    def graph_for(self, accepts_onnx: bool) -> ComputeGraph:
+        """The ONNX graph, or its torch twin where the device runs no ONNX."""
+        return self.graph if accepts_onnx else self.torch_graph
+
 
 def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
@@ -223,9 +241,8 @@ def reference_graphs() -> dict[str, ReferenceGraph]:
 
 def onnxruntime_cpu_outputs(ref: ReferenceGraph) -> dict[str, np.ndarray[Any, Any]]:
     """What ONNX Runtime's CPU provider computes for ``ref``: the expected values."""
-    import onnxruntime
+    from hetero.framework.executors.ort_executor import OrtExecutor
 
     assert isinstance(ref.graph.source, bytes)
-    session = onnxruntime.InferenceSession(ref.graph.source, providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-    return dict(zip(names, session.run(names, ref.inputs), strict=True))
+    executor = OrtExecutor("CPUExecutionProvider")
+    return executor.run(executor.session(ref.graph.source), ref.inputs)

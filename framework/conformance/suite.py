@@ -17,6 +17,7 @@ import pytest
 
 from hetero.framework.backend import Backend
 from hetero.framework.conformance.reference_graphs import (
+    ReferenceGraph,
     onnxruntime_cpu_outputs,
     reference_graphs,
 )
@@ -33,6 +34,11 @@ from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 __all__ = ["BackendConformance"]
 
 REFERENCE_GRAPHS = reference_graphs()
+
+
+def _graph(backend: Backend, ref: ReferenceGraph, device_id: str) -> ComputeGraph:
+    """The reference graph in a format ``device_id`` runs (ONNX, else its torch twin)."""
+    return ref.graph_for(backend.accepts(GraphFormat.ONNX, device_id))
 
 
 class BackendConformance:
@@ -90,7 +96,9 @@ class BackendConformance:
         self, backend: Backend, conformance_device: str, graph_name: str
     ) -> None:
         ref = REFERENCE_GRAPHS[graph_name]
-        model = backend.load(backend.compile(ref.graph, conformance_device))
+        model = backend.load(
+            backend.compile(_graph(backend, ref, conformance_device), conformance_device)
+        )
         try:
             result = backend.run(model, ref.inputs)
         finally:
@@ -109,7 +117,9 @@ class BackendConformance:
 
     def test_run_reports_measured_latency(self, backend: Backend, conformance_device: str) -> None:
         ref = REFERENCE_GRAPHS["mlp"]
-        model = backend.load(backend.compile(ref.graph, conformance_device))
+        model = backend.load(
+            backend.compile(_graph(backend, ref, conformance_device), conformance_device)
+        )
         try:
             first = backend.run(model, ref.inputs)
             backend.run(model, ref.inputs)
@@ -126,7 +136,11 @@ class BackendConformance:
     ) -> None:
         baseline = backend.memory_accounted(conformance_device)
         models = [
-            backend.load(backend.compile(REFERENCE_GRAPHS[name].graph, conformance_device))
+            backend.load(
+                backend.compile(
+                    _graph(backend, REFERENCE_GRAPHS[name], conformance_device), conformance_device
+                )
+            )
             for name in ("mlp", "conv")
         ]
         loaded = backend.memory_accounted(conformance_device)
@@ -159,7 +173,9 @@ class BackendConformance:
         self, backend: Backend, conformance_device: str
     ) -> None:
         ref = REFERENCE_GRAPHS["broadcast"]
-        model = backend.load(backend.compile(ref.graph, conformance_device))
+        model = backend.load(
+            backend.compile(_graph(backend, ref, conformance_device), conformance_device)
+        )
         try:
             with pytest.raises(ExecutionError):
                 backend.run(model, {"a": ref.inputs["a"]})
@@ -172,7 +188,9 @@ class BackendConformance:
         self, backend: Backend, conformance_device: str
     ) -> None:
         ref = REFERENCE_GRAPHS["mlp"]
-        model = backend.load(backend.compile(ref.graph, conformance_device))
+        model = backend.load(
+            backend.compile(_graph(backend, ref, conformance_device), conformance_device)
+        )
         backend.unload(model)
         with pytest.raises(ExecutionError):
             backend.run(model, ref.inputs)
@@ -211,7 +229,9 @@ class BackendConformance:
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         ref = REFERENCE_GRAPHS["mlp"]
-        model = backend.load(backend.compile(ref.graph, conformance_device))
+        model = backend.load(
+            backend.compile(_graph(backend, ref, conformance_device), conformance_device)
+        )
         try:
             if not backend.supports_graph_capture:
                 with pytest.raises(UnsupportedCapabilityError):

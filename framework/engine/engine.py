@@ -157,7 +157,7 @@ class Engine:
         if graph is None:
             return False
         backend = self.backends[self._device_by_id[device_id].backend]
-        return graph.format in backend.graph_formats
+        return backend.accepts(graph.format, device_id)
 
     def start(self) -> Engine:
         """Start the dispatcher and one worker per device."""

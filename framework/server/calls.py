@@ -156,7 +156,7 @@ def batch_call(kind: str, model: Any) -> BatchCall:
 
 def probe_payload(kind: str) -> Any:
     """A small representative input, for timing runtimes at warm-up."""
-    from hetero.framework.server.samples import photo_png, speech_like_wav
+    from hetero.framework.samples import photo_png, speech_like_wav
 
     if kind in ("vision_encode", "ocr"):
         return photo_png(seed=1)

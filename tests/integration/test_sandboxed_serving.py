@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hetero.framework.policy import Policy, load_policy_text
+from hetero.framework.samples import text_page_png
 from hetero.framework.server import ServingRuntime, create_app
-from hetero.framework.server.samples import text_page_png
 from hetero.sandbox.audit import verify
 from hetero.sandbox.keyring import FileKeyring
 from hetero.sandbox.serving import SandboxedStages, build_gate

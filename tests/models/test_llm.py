@@ -50,7 +50,7 @@ def test_bad_messages_are_invalid_input(
 
 
 def test_graph_is_a_torch_factory(generator: TextGenerator) -> None:
-    graph = generator.graph("light")
+    graph = generator.graphs("light")["decoder"]
     assert graph.format is GraphFormat.TORCH
     assert callable(graph.source)
     assert graph.hint.flops_per_item > 1e8

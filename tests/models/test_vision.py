@@ -44,7 +44,8 @@ def test_light_variant_runs_smaller_input(vision: VisionEncoder, crossword_png: 
     assert "crossword" in [label for label, _ in light.labels]
     assert light.embedding.shape == (1280,)
     assert not np.allclose(full.embedding, light.embedding)
-    assert vision.graph("light").hint.flops_per_item < vision.graph("full").hint.flops_per_item
+    light, full = vision.graphs("light")["encoder"], vision.graphs("full")["encoder"]
+    assert light.hint.flops_per_item < full.hint.flops_per_item
 
 
 def test_openvino_f32_matches_onnxruntime(
@@ -66,7 +67,7 @@ def test_torch_matches_onnxruntime(vision: VisionEncoder, crossword_png: bytes) 
 
 
 def test_graph_points_at_the_exported_onnx(vision: VisionEncoder) -> None:
-    graph = vision.graph()
+    graph = vision.graphs()["encoder"]
     assert graph.format is GraphFormat.ONNX
     assert graph.source == vision.onnx_path
     assert vision.onnx_path.stat().st_size > 10_000_000

@@ -15,7 +15,7 @@ import pytest
 from conftest import ServerThread
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero.framework.server.samples import text_page_png
+from hetero.framework.samples import text_page_png
 
 
 @pytest.fixture(scope="module")

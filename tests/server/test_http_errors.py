@@ -12,7 +12,7 @@ from conftest import API_KEY, REVIEWER_KEY, ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero.framework.server.samples import photo_png, speech_like_wav
+from hetero.framework.samples import photo_png, speech_like_wav
 
 CHAT_MODEL = "smollm2-135m-instruct"
 EMBED_MODEL = "all-minilm-l6-v2"

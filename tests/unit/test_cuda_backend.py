@@ -12,8 +12,8 @@ import torch
 from fake_nvml import FakeNvml, recorded
 
 from hetero.backends.cuda.backend import CudaBackend
-from hetero.backends.cuda.torch_executor import TorchExecutor, outputs_by_name
 from hetero.framework.errors import CompileError, DeviceUnhealthyError
+from hetero.framework.executors.torch_executor import TorchExecutor, outputs_by_name
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 
 HINT = BandwidthHint(flops_per_item=1, bytes_per_item=1)

@@ -1,8 +1,10 @@
-"""torch execution on one accelerator: load/unload with measured memory, run, peer copy, and
-static-shape graph capture (CUDA Graph; HIP Graph through the same API on ROCm builds of torch).
+"""torch execution on one device (``cpu``, ``cuda:N``): load/unload with measured memory, run,
+peer copy, and static-shape graph capture (CUDA Graph; HIP Graph through the same API on ROCm
+builds of torch).
 
-ROCm builds of torch expose HIP through ``torch.cuda``, so the rocm backend uses this executor
-too (``torch.version.hip`` is set there). Capture falls back to eager, with the reason logged,
+ROCm builds of torch expose HIP through ``torch.cuda``, so the cuda and rocm backends share this
+executor (``torch.version.hip`` is set there); the npu backend runs torch graphs on the host CPU
+with it. Capture falls back to eager, with the reason logged,
 whenever a graph cannot be captured (a CPU-only build, dynamic control flow, an op that
 synchronises).
 """
@@ -67,6 +69,12 @@ class TorchExecutor:
         self._torch = torch
         self.device = device
         self._memory_in_use = memory_in_use or (lambda: 0)
+        self.version = str(torch.__version__)
+
+    def set_threads(self, threads: int) -> None:
+        """Intra-op threads for CPU work (process-wide in torch); 0 leaves torch's default."""
+        if threads > 0 and self._torch.get_num_threads() != threads:
+            self._torch.set_num_threads(threads)
 
     def prepare(self, factory: Callable[[], Any]) -> Any:
         """Build the module on the host, in eval mode."""

@@ -1,0 +1,46 @@
+"""torch on the host CPU, for stages whose graphs are torch modules (an LLM's KV-cache loop)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hetero.backends.npu.runtime import Runtime
+from hetero.framework.devices import DeviceClass
+from hetero.framework.executors.torch_executor import TorchExecutor
+from hetero.framework.graph import ComputeGraph, GraphFormat
+
+CPU = "cpu"
+
+
+class TorchRuntime(Runtime):
+    """One device, ``cpu``, through :class:`TorchExecutor`."""
+
+    name = "torch"
+    formats: ClassVar[frozenset[GraphFormat]] = frozenset({GraphFormat.TORCH})
+
+    def __init__(self) -> None:
+        self._executor = TorchExecutor(CPU)
+
+    def local_devices(self) -> list[tuple[str, DeviceClass, str, dict[str, Any]]]:
+        props = {"runtime": "torch", "runtime_version": self._executor.version}
+        return [(CPU, DeviceClass.CPU, "torch CPU", props)]
+
+    def compile(self, graph: ComputeGraph, local_id: str) -> Any:
+        if graph.format is not GraphFormat.TORCH or not callable(graph.source):
+            raise ValueError(f"graph format {graph.format.value!r} is not supported (torch only)")
+        return graph.source
+
+    def load(self, prepared: Any, graph: ComputeGraph, local_id: str) -> Any:
+        self._executor.set_threads(graph.threads)
+        module, _ = self._executor.load(self._executor.prepare(prepared))
+        return module
+
+    def run(
+        self, loaded: Any, inputs: dict[str, np.ndarray[Any, Any]]
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        return self._executor.run(loaded, inputs)
+
+    def unload(self, loaded: Any) -> None:
+        self._executor.unload(loaded)

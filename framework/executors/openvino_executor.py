@@ -1,0 +1,69 @@
+"""OpenVINO: read ONNX, compile per device with a precision hint, run with pooled requests."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OpenVinoExecutor", "OpenVinoModel"]
+
+# f32 unless the graph asks for reduced precision: OpenVINO defaults to bf16 on CPUs with
+# AVX512-BF16, which changes numbers (and even Piper's output length).
+PRECISION_BY_DTYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+
+
+class OpenVinoModel:
+    """A compiled model with a pool of infer requests, so concurrent callers never share one
+    (an infer request reuses its output tensors, and keeps its last inputs)."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.input_names = frozenset(port.get_any_name() for port in compiled.inputs)
+        self._idle: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
+        """Run once; outputs by name, copied out of the request's buffers."""
+        # A missing input would silently reuse the previous request's data: names are checked.
+        missing = sorted(self.input_names - inputs.keys())
+        unknown = sorted(inputs.keys() - self.input_names)
+        if missing or unknown:
+            raise ValueError(f"inputs do not match the graph: missing {missing}, unknown {unknown}")
+        try:
+            request = self._idle.get_nowait()
+        except queue.Empty:
+            request = self.compiled.create_infer_request()
+        try:
+            results = request.infer(dict(inputs))
+            return {port.get_any_name(): np.array(value) for port, value in results.items()}
+        finally:
+            self._idle.put(request)
+
+
+class OpenVinoExecutor:
+    """One ``openvino.Core`` for every device it reports (CPU here; GPU, NPU elsewhere)."""
+
+    def __init__(self) -> None:
+        import openvino
+
+        self._ov = openvino
+        self.core = openvino.Core()
+        self.version = str(openvino.__version__)
+
+    def read(self, source: bytes | str | Path) -> Any:
+        """Read and check an ONNX model without compiling it."""
+        if isinstance(source, bytes):
+            return self.core.read_model(source)
+        return self.core.read_model(str(source))
+
+    def compile(self, model: Any, device: str, *, dtype: str = "fp32", threads: int = 0) -> Any:
+        """Compile for ``device``; on a CPU the precision follows ``dtype`` (f32 by default)."""
+        config: dict[str, Any] = {}
+        if device.split(".", maxsplit=1)[0] == "CPU":
+            config["INFERENCE_PRECISION_HINT"] = PRECISION_BY_DTYPE.get(dtype, "f32")
+            if threads > 0:
+                config["INFERENCE_NUM_THREADS"] = threads
+        return OpenVinoModel(self.core.compile_model(model, device, config))

@@ -1,0 +1,120 @@
+"""The stage plugin contract: what every model plugin implements, first-party and third-party.
+
+A plugin names its graphs with their :class:`~hetero.framework.graph.BandwidthHint` (the one
+source of cost for the scheduler and the simulator), judges a request cheaply for admission,
+says what content identifies a request for the feature cache, and runs a batch of requests:
+pre-processing, its graphs through a :class:`GraphRunner` bound to the device the scheduler
+placed it on, loops (a KV cache through :meth:`GraphRunner.native`) and post-processing.
+Streamed outputs (LLM text) flow back through the request's own callback
+(:class:`Generation`), item by item, while ``run`` is still going.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from hetero.framework.graph import BandwidthHint, ComputeGraph
+
+__all__ = ["Generation", "GraphRunner", "StagePlugin", "combined_hint"]
+
+Arrays = Mapping[str, np.ndarray[Any, Any]]
+
+
+class GraphRunner(Protocol):
+    """A stage's graphs, loaded on one device; what :meth:`StagePlugin.run` calls them through."""
+
+    @property
+    def device_id(self) -> str:
+        """The device the graphs are loaded on (``npu:openvino/CPU``, ``cuda:0``)."""
+        ...
+
+    @property
+    def torch_device(self) -> str | None:
+        """Where torch tensors for a native torch graph go (``cpu``, ``cuda:0``); None when
+        the device does not run torch."""
+        ...
+
+    def run(self, graph: str, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
+        """Run graph ``graph`` once on the device: named host arrays in, named host arrays out."""
+        ...
+
+    def native(self, graph: str) -> Any:
+        """The device-native handle of graph ``graph`` (a torch module on its device, an ONNX
+        Runtime session), for a loop the stage drives itself."""
+        ...
+
+
+@dataclass(eq=False)
+class Generation:
+    """A streamed LLM request: ``on_piece`` gets each piece of text as it is made (from the
+    device's worker thread); setting ``stop`` ends generation early (a client that left)."""
+
+    messages: Sequence[Mapping[str, str]]
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+    on_piece: Callable[[str], None] = lambda piece: None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class StagePlugin(abc.ABC):
+    """A model behind a policy stage, as the engine runs it.
+
+    Class attributes: ``name`` is the stage kind it serves (``vision_encode``, ``ocr``, ...);
+    ``batchable`` says whether several requests go into one :meth:`run` call as one batch.
+    Construction is cheap (no runtime imports, no file access); :meth:`prepare` writes
+    derived artefacts once.
+    """
+
+    name: ClassVar[str]
+    batchable: ClassVar[bool] = False
+
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Create derived artefacts (an exported ONNX file) if missing; idempotent."""
+
+    @abc.abstractmethod
+    def graphs(self, variant: str = "full") -> Mapping[str, ComputeGraph]:
+        """The graphs this stage runs for ``variant``, by name, with their cost hints."""
+
+    @abc.abstractmethod
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """One result per payload, in order: a plain value (dict, array, bytes), or the
+        exception instance that item raised (bad input fails its item, never its batch)."""
+
+    def items(self, payload: Any) -> int:
+        """How many nominal items of the cost hint one payload is (texts in a group)."""
+        return 1
+
+    def probe_payload(self) -> Any:
+        """A small representative request, to calibrate the cost model at warm-up (None: the
+        stage is not probed)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the plugin holds outside its graphs (tokenizers, helpers)."""
+
+
+def combined_hint(graphs: Mapping[str, ComputeGraph]) -> BandwidthHint:
+    """The cost of one item through all of a stage's graphs: FLOPs, bytes and resident memory
+    add up; the batch is as large as the smallest graph allows."""
+    hints = [graph.hint for graph in graphs.values()]
+    if not hints:
+        return BandwidthHint(flops_per_item=0.0, bytes_per_item=0.0)
+    first = next(iter(graphs.values())).hint
+    batchable = all(h.batchable for h in hints)
+    return BandwidthHint(
+        flops_per_item=sum(h.flops_per_item for h in hints),
+        bytes_per_item=sum(h.bytes_per_item for h in hints),
+        input_bytes=first.input_bytes,
+        output_bytes=hints[-1].output_bytes,
+        resident_bytes=sum(h.resident_bytes for h in hints),
+        batchable=batchable,
+        max_batch=min(h.max_batch for h in hints) if batchable else 1,
+        dtype=first.dtype,
+    )
