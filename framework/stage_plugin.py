@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from hetero.framework.graph import BandwidthHint, ComputeGraph
+from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 
 __all__ = ["Generation", "GraphRunner", "StagePlugin", "combined_hint"]
 
@@ -74,13 +74,27 @@ class StagePlugin(abc.ABC):
 
     name: ClassVar[str]
     batchable: ClassVar[bool] = False
+    device_ids: tuple[str, ...] | None = None
+    """Where it may be placed, when only some devices will do (a partition's sandbox)."""
+
+    @property
+    def formats(self) -> tuple[GraphFormat, ...]:
+        """Graph formats it offers, preferred first; on each device the engine loads the
+        first one the device takes for the main (first) graph. Empty: it loads no graphs."""
+        return (GraphFormat.ONNX,)
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Create derived artefacts (an exported ONNX file) if missing; idempotent."""
 
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Load what :meth:`run` needs beside its graphs (tokenizers, label names); once."""
+
     @abc.abstractmethod
-    def graphs(self, variant: str = "full") -> Mapping[str, ComputeGraph]:
-        """The graphs this stage runs for ``variant``, by name, with their cost hints."""
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        """The graphs this stage runs for ``variant`` in ``graph_format`` (the preferred one
+        by default), by name, main graph first, with their cost hints."""
 
     @abc.abstractmethod
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:

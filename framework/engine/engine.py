@@ -1,10 +1,12 @@
-"""The engine: runs pipelines for real on the available backends.
+"""The engine: the one way anything runs a model.
 
-It strings the parts together and nothing else: admission (the complexity breaker), the
-scheduler (queues, placement, memory, failure breakers), one :class:`DeviceWorker` per device,
-and futures for callers. A device that raises, or runs out of memory, gets its breaker
-informed and the task retried on another device; a request fails only when no device is left
-to try, and then with every device's failure in the error. No request is lost silently.
+It strings the parts together and nothing else: stage plugins (every stage, a bare graph
+included, runs through the plugin contract), admission (the complexity breaker and the queue
+depth that degrades to a light variant), the scheduler (QoS queues with aging, cost-model
+placement calibrated by measured runs, memory manager, per-device failure breakers), one lane
+per (stage, device) so a heavy stage never blocks a light one, and futures for callers. A device
+that raises gets its breaker informed and the task retried on another device; a request fails
+only when no device is left to try, and then with every device's failure in the error.
 """
 
 from __future__ import annotations
@@ -12,26 +14,32 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from hetero.framework.backend import Backend
-from hetero.framework.engine.metrics import EngineMetrics
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.engine.graph_stage import GraphStage
+from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
+from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.requests import EngineResult, RequestState
-from hetero.framework.engine.worker import BatchOutcome, DeviceWorker
 from hetero.framework.errors import (
     HeteroError,
     NoEligibleDeviceError,
+    QueueFullError,
     RequestTimeoutError,
     ShedError,
     UnknownRouteError,
 )
 from hetero.framework.fleet import Fleet, resolve_fleet
-from hetero.framework.graph import ComputeGraph
+from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
 from hetero.framework.scheduler import (
@@ -47,17 +55,23 @@ from hetero.framework.scheduler import (
     WallClock,
 )
 from hetero.framework.stage_cache import StageCache
+from hetero.framework.stage_plugin import StagePlugin, combined_hint
+from hetero.framework.stages import Pipeline, PipelineStep
 
-__all__ = ["AccessGate", "AccessRefusedError", "Engine"]
+__all__ = ["AccessGate", "AccessRefusedError", "Engine", "StageStatus"]
 
 
 class AccessGate(Protocol):
     """Decides whether a principal may run a stage that touches a partition (and records the
-    decision); raises a ``PermissionError`` to refuse. ``hetero.sandbox.gate.ComplianceGate``
-    is the implementation."""
+    decision), and masks what the stage returns for that principal.
+    ``hetero.sandbox.gate.ComplianceGate`` is the implementation."""
 
     def authorize(self, principal: Any, stage: str, request_id: str) -> None:
-        """Return to allow; raise to refuse."""
+        """Return to allow; raise (a ``PermissionError``) to refuse."""
+        ...
+
+    def mask(self, principal: Any, stage: str, value: Any) -> Any:
+        """``value`` with the fields ``principal`` may not see masked."""
         ...
 
 
@@ -67,49 +81,80 @@ class AccessRefusedError(HeteroError, PermissionError):
 
 logger = logging.getLogger(__name__)
 
-Arrays = dict[str, np.ndarray[Any, Any]]
 DISPATCH_POLL_S = 0.05
 CACHE_DEVICE = "cache"  # where a cached output "lives": the host, for transfer costs
+PROBE_RUNS = 2
+RECENT_RUNS = 4096
 _request_ids = itertools.count(1)
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class StageStatus:
+    """Where a stage stands: ``waiting``, ``loading``, ``ready`` or ``failed`` (with why)."""
+
+    state: str = "waiting"
+    reason: str = ""
+    timings: dict[str, float | str] = field(default_factory=dict)
+    recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_RUNS))
+    light_runs: int = 0
+    batches: int = 0
 
 
 class Engine:
-    """Pipelines on real devices. Use as a context manager, or call :meth:`start` / :meth:`close`.
+    """Pipelines and stages on real devices. Use as a context manager, or call :meth:`start`
+    (and :meth:`warm_up` for plugin stages) and :meth:`close`.
 
     Args:
         policy: The policy snapshot.
         registry: Where backends come from.
-        graphs: The graph of each stage variant, keyed ``stage/variant`` (a missing ``light``
-            falls back to ``full``). A step receives its dependencies' outputs merged (or the
-            request payload, for a first step), filtered to the graph's ``input_names`` if set.
+        graphs: Bare graphs of stages that have no plugin, keyed ``stage/variant`` (a missing
+            ``light`` falls back to ``full``). A step receives its dependencies' outputs merged
+            (or the request payload, for a first step), filtered to the graph's
+            ``input_names`` if set.
+        plugins: Stage plugins by policy stage name; their graphs' hints are the cost the
+            scheduler plans with.
         fleet: Devices to use (default: the policy's fleet on this host).
         placement: Override the policy's placement policy.
-        cache: Stage outputs by input content (``hetero.cache.StageOutputCache``): a step whose
-            inputs were seen before skips its device; a computed step is offered to it.
-        gate: Access decisions for stages with a partition
-            (``hetero.sandbox.gate.ComplianceGate``), asked for every such step before the
-            request is queued; its refusal is raised from :meth:`submit`. Without a gate, a
-            route that reaches a partition is refused: sensitive data is never run unchecked.
+        cache: Array outputs of bare-graph steps by input content
+            (``hetero.cache.StageOutputCache``).
+        gate: Access decisions for stages with a partition, asked for every such step before
+            the request is queued. Without a gate, a route that reaches a partition is refused.
+        metrics: Where to count (a fresh registry by default).
+        threads: Intra-op threads of each stage's graphs, by stage (policy ``server``).
+        pinned: A runtime library per stage (policy ``server.runtimes``): the stage is placed
+            only on devices of that runtime.
+        probe: Time each eligible device at warm-up (calibration), or trust the cost model.
     """
 
     def __init__(
         self,
         policy: Policy,
         registry: Registry,
-        graphs: Mapping[str, ComputeGraph],
+        graphs: Mapping[str, ComputeGraph] | None = None,
         *,
+        plugins: Mapping[str, StagePlugin] | None = None,
         fleet: Fleet | None = None,
         placement: str | None = None,
         cache: StageCache | None = None,
         gate: AccessGate | None = None,
+        metrics: Metrics | None = None,
+        threads: Mapping[str, int] | None = None,
+        pinned: Mapping[str, str] | None = None,
+        probe: bool = True,
     ) -> None:
         self.policy = policy
         self.cache = cache
         self.gate = gate
-        self.graphs = dict(graphs)
+        self.probe = probe
+        self.plugins: dict[str, StagePlugin] = dict(plugins or {})
+        for stage, variants in _by_stage(graphs or {}).items():
+            self.plugins.setdefault(stage, GraphStage(stage, variants))
+        self._threads = dict(threads or {})
+        self._pinned = dict(pinned or {})
         self.fleet = fleet or resolve_fleet(policy, registry)
         self.clock = WallClock()
-        self.metrics = EngineMetrics()
+        self.metrics = metrics or Metrics()
         self.backends: dict[str, Backend] = {}
         for device in self.fleet.devices:
             if device.backend not in self.backends:
@@ -124,65 +169,211 @@ class Engine:
             can_run=self._can_run,
             outputs_on_host=True,
         )
-        self.admission = ComplexityBreaker(policy.spec.circuit_breaker.complexity)
+        for stage, plugin in self.plugins.items():
+            if isinstance(plugin, GraphStage):  # bare graphs carry their cost: use it now
+                for variant in policy.spec.stages[stage].variants:
+                    hint = combined_hint(plugin.graphs(str(variant)))
+                    self.scheduler.set_hint(stage, str(variant), hint)
+        self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
+        self._admission: dict[str, ComplexityBreaker] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._requests: dict[str, RequestState] = {}
-        self.workers = {
-            d.id: DeviceWorker(
-                d,
-                self.backends[d.backend],
-                self._graph,
-                self._inputs,
-                self.scheduler.batching_for,
-                self._on_batch,
-            )
-            for d in self.fleet.devices
-        }
+        self._running: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
+        self.models = {d.id: DeviceModels(self.backends[d.backend], d) for d in self.fleet.devices}
+        self._lanes: dict[tuple[str, str], Lane] = {}
+        self._lanes_lock = threading.Lock()
         self._dispatcher = threading.Thread(
             target=self._dispatch_loop, name="hetero-dispatch", daemon=True
         )
         self._started = False
+        for stage in policy.spec.stages:
+            self.metrics.queue_depth.labels(stage).set_function(
+                lambda s=stage: self.scheduler.queued(s)  # type: ignore[misc]
+            )
 
-    # --- set-up ------------------------------------------------------------------------------
+    # --- placement rules ---------------------------------------------------------------------
 
-    def _graph(self, model_key: str) -> ComputeGraph:
-        if model_key in self.graphs:
-            return self.graphs[model_key]
-        return self.graphs[model_key.split("/", 1)[0] + "/full"]
+    def format_for(self, stage: str, device_id: str) -> GraphFormat | None:
+        """The graph format ``stage`` runs in on ``device_id``: the first of its plugin's
+        formats the device takes for its main graph (None when it cannot run there)."""
+        plugin = self.plugins.get(stage)
+        device = self._device_by_id.get(device_id)
+        if plugin is None or device is None:
+            return None
+        if plugin.device_ids is not None and device_id not in plugin.device_ids:
+            return None
+        pin = self._pinned.get(stage)
+        if pin is not None and device.properties.get("runtime") != pin:
+            return None
+        if not plugin.formats:  # nothing to load: only its named devices run it
+            return GraphFormat.ONNX if plugin.device_ids is not None else None
+        backend = self.backends[device.backend]
+        for graph_format in plugin.formats:
+            if backend.accepts(graph_format, device_id):
+                return graph_format
+        return None
 
     def _can_run(self, stage: str, variant: str, device_id: str) -> bool:
-        graph = self.graphs.get(f"{stage}/{variant}") or self.graphs.get(f"{stage}/full")
-        if graph is None:
-            return False
-        backend = self.backends[self._device_by_id[device_id].backend]
-        return backend.accepts(graph.format, device_id)
+        return self.format_for(stage, device_id) is not None
+
+    def _graphs(self, model_key: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
+        stage, variant = model_key.split("/", 1)
+        plugin = self.plugins[stage]
+        threads = self._threads.get(stage, 0)
+        return with_threads(plugin.graphs(variant, graph_format), threads)
+
+    def devices(self) -> tuple[DeviceSpec, ...]:
+        """The devices this engine places on."""
+        return self.fleet.devices
+
+    # --- start-up ------------------------------------------------------------------------------
 
     def start(self) -> Engine:
-        """Start the dispatcher and one worker per device."""
+        """Start the dispatcher; bare-graph stages are ready at once, plugin stages once
+        :meth:`warm_up` has loaded them."""
         if not self._started:
-            for worker in self.workers.values():
-                worker.start()
+            for stage, plugin in self.plugins.items():
+                if isinstance(plugin, GraphStage):
+                    self.status[stage].state = "ready"
             self._dispatcher.start()
             self._started = True
         return self
 
+    def warm_up(
+        self,
+        stages: list[str] | None = None,
+        progress: Progress | None = None,
+        *,
+        stop: threading.Event | None = None,
+    ) -> dict[str, str]:
+        """Prepare, set up, calibrate and place every plugin stage (or ``stages``), one after
+        another; a stage that fails is recorded (``status[stage].reason``) and skipped.
+        Returns the failures by stage."""
+        report = progress or (lambda stage, message: None)
+        failed: dict[str, str] = {}
+        for stage in stages if stages is not None else list(self.plugins):
+            if stop is not None and stop.is_set():
+                break
+            status = self.status[stage]
+            if status.state == "ready":
+                continue
+            status.state = "loading"
+            report(stage, "loading")
+            try:
+                where = self._warm_stage(stage, report)
+            except Exception as err:
+                status.state, status.reason = "failed", describe_failure(err)
+                failed[stage] = status.reason
+                logger.error("stage %s failed to load: %s", stage, status.reason)
+                report(stage, f"failed: {status.reason}")
+                continue
+            status.state = "ready"
+            report(stage, f"ready on {where}")
+        return failed
+
+    def _warm_stage(self, stage: str, report: Progress) -> str:
+        plugin = self.plugins[stage]
+        plugin.prepare()
+        plugin.setup()
+        formats = plugin.formats or (GraphFormat.ONNX,)
+        for variant in self.policy.spec.stages[stage].variants:
+            hint = combined_hint(plugin.graphs(str(variant), formats[0]))
+            with self._lock:
+                self.scheduler.set_hint(stage, str(variant), hint)
+        candidates = self.scheduler.runnable_devices(stage)
+        if not candidates:
+            reasons = self.scheduler.tables[f"{stage}/full"].costs.why_not
+            why = {d.id: r for d, r in zip(self.fleet.devices, reasons, strict=True) if r}
+            raise NoEligibleDeviceError(stage, why)
+        key = f"{stage}/full"
+        probe = plugin.probe_payload() if self.probe and len(candidates) > 1 else None
+        timings = self.status[stage].timings
+        errors: dict[str, Exception] = {}
+        if probe is not None:
+            for device_id in candidates:
+                report(stage, f"timing on {device_id}")
+                try:
+                    timings[device_id] = self._time(stage, device_id, probe)
+                except Exception as err:
+                    errors[device_id] = err
+                    timings[device_id] = f"unavailable: {describe_failure(err)}"
+                    logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
+                    self.models[device_id].evict(key)
+            measured = [d for d in candidates if d not in errors]
+            if not measured:
+                causes = {describe_failure(err) for err in errors.values()}
+                if len(causes) == 1:  # the same cause everywhere: that is the reason
+                    raise next(iter(errors.values()))
+                raise RuntimeError("; ".join(f"{d}: {timings[d]}" for d in candidates))
+            candidates = measured
+        best = min(candidates, key=lambda d: self.scheduler.estimate_s(stage, "full", d))
+        for device_id in candidates:  # timed devices give their copy back; the best keeps it
+            if device_id != best:
+                self.models[device_id].evict(key)
+        self._preload(stage, best)
+        return best
+
+    def _time(self, stage: str, device_id: str, probe: Any) -> float:
+        """Load ``stage`` on ``device_id``, run the probe (the first run pays for lazy
+        initialisation), and feed the best of the timed runs to the cost model."""
+        plugin = self.plugins[stage]
+        key = f"{stage}/full"
+        graph_format = self.format_for(stage, device_id)
+        assert graph_format is not None
+        runner, _ = self.models[device_id].get(
+            key, graph_format, lambda: self._graphs(key, graph_format)
+        )
+        samples = []
+        for run in range(PROBE_RUNS + 1):
+            began = time.perf_counter()
+            (result,) = plugin.run(runner, "full", [probe])
+            if isinstance(result, BaseException):
+                raise result
+            if run:
+                samples.append(time.perf_counter() - began)
+        seconds = min(samples)
+        with self._lock:
+            self.scheduler.calibrate(stage, device_id, seconds, plugin.items(probe))
+        return seconds
+
+    def _preload(self, stage: str, device_id: str) -> None:
+        """Make ``stage`` resident on ``device_id`` if its memory allows (a warm start never
+        evicts); otherwise the first request loads it."""
+        key = f"{stage}/full"
+        with self._lock:
+            fits = self.scheduler.preload(device_id, key)
+        if not fits:
+            logger.info("stage %s: not preloaded on %s (memory budget)", stage, device_id)
+            self.models[device_id].evict(key)
+            return
+        graph_format = self.format_for(stage, device_id)
+        assert graph_format is not None
+        self.models[device_id].get(key, graph_format, lambda: self._graphs(key, graph_format))
+        self.metrics.loads.labels(stage, device_id).inc()
+
     def close(self) -> None:
-        """Stop accepting work, fail what is still queued, stop the workers, unload models."""
+        """Stop accepting work, fail what is still queued, stop the lanes, unload models."""
         with self._lock:
             self._stopping = True
         self._wake.set()
         if self._started:
             self._dispatcher.join()
-            for worker in self.workers.values():
-                worker.stop()
+        with self._lanes_lock:
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.stop()
         with self._lock:
             pending = list(self._requests.values())
             for state in pending:
                 self._end(state)
         for state in pending:
             _settle(state.future, error=ShedError("engine is shutting down", status=503))
+        for models in self.models.values():
+            models.close()
+        for plugin in self.plugins.values():
+            plugin.close()
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -190,7 +381,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- requests ----------------------------------------------------------------------------
+    # --- requests ------------------------------------------------------------------------------
 
     def submit(
         self,
@@ -201,9 +392,8 @@ class Engine:
         profile: RequestProfile | None = None,
         principal: Any = None,
     ) -> Future[EngineResult]:
-        """Start a request; its future holds the sink steps' outputs. Cancelling the future
-        cancels the request. ``principal`` (``hetero.sandbox.Principal``) is who asks; the
-        gate decides on it for every step that touches a partition.
+        """Start a request on a policy route; its future holds the sink steps' outputs.
+        Cancelling the future cancels the request.
 
         Raises:
             UnknownRouteError: the policy has no such route.
@@ -216,37 +406,106 @@ class Engine:
         spec = self.policy.spec
         if route not in spec.routes:
             raise UnknownRouteError(route, tuple(sorted(spec.routes)))
+        pipeline = self.policy.pipeline_for_route(route)
+        payload = {name: np.asarray(value) for name, value in payload.items()}
+        return self._submit(route, pipeline, payload, qos_class, profile, principal, None)
+
+    def submit_stage(
+        self,
+        stage: str,
+        payload: Any,
+        *,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+        principal: Any = None,
+        variant: str | None = None,
+    ) -> Future[EngineResult]:
+        """Run one stage on one payload (what its plugin takes); the future's
+        ``outputs[stage]`` is the plugin's result and ``devices[stage]`` where it ran.
+        ``variant`` skips admission's choice (the caller already chose)."""
+        if stage not in self.plugins:
+            raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
+        pipeline = Pipeline(stage, {stage: PipelineStep(stage)})
+        return self._submit(stage, pipeline, payload, qos_class, profile, principal, variant)
+
+    def admit(
+        self, stage: str, qos_class: str | None, profile: RequestProfile | None
+    ) -> tuple[str, str]:
+        """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason);
+        :class:`ShedError` (429) when the complexity breaker sheds it."""
+        spec = self.policy.spec
+        qos = qos_class or spec.qos.default_class
+        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        has_light = "light" in spec.stages[stage].variants
+        depth = self.scheduler.queued(stage) + self._running.get(stage, 0)
+        reason = ""
+        if profile is not None:
+            breaker = self._breaker(stage)
+            with self._lock:
+                decision = breaker.decide(profile, self._queue_delay_s(stage, depth), deadline_s)
+            if decision.action is Admission.SHED:
+                self.metrics.shed.labels(stage, "complexity").inc()
+                raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
+            if decision.action is Admission.DEGRADE:
+                reason = decision.reason
+        if has_light and depth >= spec.server.degrade_queue_depth:
+            reason = f"queue depth {depth} >= {spec.server.degrade_queue_depth}"
+        if reason and has_light:
+            kind = "queue" if reason.startswith("queue") else "complexity"
+            self.metrics.degraded.labels(stage, kind).inc()
+            if stage in self.status:
+                self.status[stage].light_runs += 1
+            return "light", reason
+        return "full", ""
+
+    def _breaker(self, stage: str) -> ComplexityBreaker:
+        breaker = self._admission.get(stage)
+        if breaker is None:
+            breaker = ComplexityBreaker(self.policy.spec.circuit_breaker.complexity)
+            self._admission[stage] = breaker
+        return breaker
+
+    def _queue_delay_s(self, stage: str, depth: int) -> float:
+        """How long a new task of ``stage`` waits: the work ahead, at the measured pace."""
+        status = self.status.get(stage)
+        per_item = float(np.median(status.recent_s)) if status and status.recent_s else 0.0
+        return depth * per_item
+
+    def retry_after_s(self, stage: str) -> float:
+        """When a refused caller should try again: the stage's queue at its measured pace."""
+        depth = self.scheduler.queued(stage) + self._running.get(stage, 0)
+        return max(self.policy.spec.server.retry_after_s, self._queue_delay_s(stage, depth))
+
+    def _submit(
+        self,
+        route: str,
+        pipeline: Pipeline,
+        payload: Any,
+        qos_class: str | None,
+        profile: RequestProfile | None,
+        principal: Any,
+        variant: str | None,
+    ) -> Future[EngineResult]:
+        spec = self.policy.spec
         qos = qos_class or spec.qos.default_class
         if qos not in spec.qos.classes:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
         deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
         request_id = f"req-{next(_request_ids)}"
-        self._authorize(route, principal, request_id)
-        variant = "full"
-        with self._lock:
-            if self._stopping:
-                raise ShedError("engine is shutting down", status=503)
-            # Only requests that state a profile are judged, and only they shape the p95.
-            decision = (
-                None
-                if profile is None
-                else self.admission.decide(profile, self.scheduler.queue_delay_s(), deadline_s)
-            )
-        if decision is not None and decision.action is Admission.SHED:
-            self.metrics.sheds.labels("complexity").inc()
-            self.metrics.requests.labels(route, "shed").inc()
-            raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
-        if decision is not None and decision.action is Admission.DEGRADE:
-            variant = "light"
-            self.metrics.degraded.inc()
+        self._authorize(pipeline, route, principal, request_id)
+        if self._stopping:
+            raise ShedError("engine is shutting down", status=503)
+        if variant is None:
+            first = pipeline.steps[pipeline.order[0]].stage
+            variant, _ = self.admit(first, qos, profile)
         now = self.clock.now()
         future: Future[EngineResult] = Future()
         state = RequestState(
             request_id=request_id,
             route=route,
-            pipeline=self.policy.pipeline_for_route(route),
-            payload={name: np.asarray(value) for name, value in payload.items()},
+            pipeline=pipeline,
+            payload=payload,
             qos_class=qos,
             variant=variant,
             arrival=now,
@@ -254,27 +513,31 @@ class Engine:
             future=future,
         )
         with self._lock:
+            if self._stopping:
+                raise ShedError("engine is shutting down", status=503)
             self._requests[state.request_id] = state
             try:
                 self._enqueue_ready(state)
-            except ShedError:
+            except ShedError as err:
                 self._end(state)
-                self.metrics.sheds.labels("queue_full").inc()
-                self.metrics.requests.labels(route, "shed").inc()
+                stage = pipeline.steps[pipeline.order[0]].stage
+                self.metrics.shed.labels(stage, "queue_full").inc()
+                self.metrics.outcomes.labels(route, "shed").inc()
+                if isinstance(err, QueueFullError):
+                    err.retry_after_s = self.retry_after_s(stage)
                 raise
             answered = state.done()  # every step came from the cache
             if answered:
                 self._end(state)
         if answered:
-            self.metrics.requests.labels(route, "ok").inc()
+            self.metrics.outcomes.labels(route, "ok").inc()
             future.set_result(self._result(state))
             return future
         future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
         self._wake.set()
         return future
 
-    def _authorize(self, route: str, principal: Any, request_id: str) -> None:
-        pipeline = self.policy.pipeline_for_route(route)
+    def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
         for step in pipeline.order:
             stage = pipeline.steps[step].stage
             partition = self.policy.spec.stages[stage].partition
@@ -318,7 +581,7 @@ class Engine:
                 return False
             self._end(state)
         state.future.cancel()
-        self.metrics.requests.labels(state.route, "cancelled").inc()
+        self.metrics.outcomes.labels(state.route, "cancelled").inc()
         return True
 
     def _caller_cancelled(self, future: Future[EngineResult], request_id: str) -> None:
@@ -332,7 +595,7 @@ class Engine:
             self.scheduler.cancel(task)
         state.live_tasks.clear()
 
-    # --- the loop ----------------------------------------------------------------------------
+    # --- the loop ------------------------------------------------------------------------------
 
     def _enqueue_ready(self, state: RequestState) -> None:
         """Queue every step whose inputs are ready, answering from the cache where it can
@@ -352,6 +615,8 @@ class Engine:
                     state.devices[step] = CACHE_DEVICE
                     progressed = True
                     continue
+                inputs = self._step_inputs(state, step)
+                plugin = self.plugins.get(stage)  # none: placement rejects it, with reasons
                 task = StageTask(
                     request_id=state.request_id,
                     stage=stage,
@@ -361,42 +626,43 @@ class Engine:
                     arrival=state.arrival,
                     deadline=state.deadline,
                     inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
-                    items=_items(state.payload),
+                    items=plugin.items(inputs) if plugin is not None else 1,
                     enqueued_at=now,
                 )
                 self.scheduler.enqueue(task)
                 state.live_tasks[task.id] = task
 
-    def _step_inputs(self, state: RequestState, step: str, model_key: str) -> Arrays:
-        """A step's input arrays: the payload for a first step, else its dependencies' outputs
-        merged, filtered to the graph's input names when it has them."""
+    def _step_inputs(self, state: RequestState, step: str) -> Any:
+        """A step's payload: the request's for a first step; for a bare graph after others,
+        its dependencies' output arrays merged and filtered to the graph's input names; for a
+        plugin after others, the dependencies' outputs by step."""
         deps = state.pipeline.steps[step].after
-        arrays: Arrays = {}
-        if not deps:
-            arrays = dict(state.payload)
+        payload = {dep: state.outputs[dep].value for dep in deps} if deps else state.payload
+        plugin = self.plugins.get(state.pipeline.steps[step].stage)
+        if not isinstance(plugin, GraphStage):
+            return payload
+        arrays: dict[str, Any] = dict(payload) if not deps else {}
         for dep in deps:
             arrays.update(state.outputs[dep].value)
-        names = self._graph(model_key).input_names
+        names = plugin.graphs(state.variant)["main"].input_names
         return {n: arrays[n] for n in names if n in arrays} if names else arrays
 
     def _cache_identity(self, stage: str, variant: str) -> tuple[str, str, str, str | None]:
         config = self.policy.spec.stages[stage]
         return stage, config.model_version, variant, config.partition
 
-    def _cached(
-        self, state: RequestState, step: str, stage: str, variant: str
-    ) -> dict[str, np.ndarray[Any, Any]] | None:
-        if self.cache is None or f"{stage}/{variant}" not in self.scheduler.tables:
+    def _cached(self, state: RequestState, step: str, stage: str, variant: str) -> Any:
+        if self.cache is None or not isinstance(self.plugins.get(stage), GraphStage):
             return None
         try:
-            inputs = self._step_inputs(state, step, f"{stage}/{variant}")
+            inputs = self._step_inputs(state, step)
             return self.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
         except Exception as err:  # the cache never fails a request: a miss
             logger.warning("cache lookup for %s failed: %s", stage, err)
             return None
 
-    def _offer(self, task: StageTask, inputs: Arrays, outputs: Arrays) -> None:
-        if self.cache is None:
+    def _offer(self, task: StageTask, inputs: Any, outputs: Any) -> None:
+        if self.cache is None or not isinstance(self.plugins[task.stage], GraphStage):
             return
         try:
             self.cache.put_outputs(*self._cache_identity(task.stage, task.variant), inputs, outputs)
@@ -417,28 +683,51 @@ class Engine:
         with self._lock:
             while (outcome := self.scheduler.dispatch()) is not None:
                 outcomes.append(outcome)
+                if isinstance(outcome, Dispatch):
+                    self._running[outcome.task.stage] += 1
         for outcome in outcomes:
             if isinstance(outcome, Rejection):
                 self._fail(outcome.task.request_id, outcome.error)
                 continue
+            stage, device_id = outcome.task.stage, outcome.device_id
+            self.metrics.placements.labels(stage, device_id).inc()
             if outcome.load.load:
-                self.metrics.loads.labels(outcome.device_id).inc()
-            if outcome.load.evict:
-                self.metrics.evictions.labels(outcome.device_id).inc(len(outcome.load.evict))
-            self.workers[outcome.device_id].inbox.put(outcome)
+                self.metrics.loads.labels(stage, device_id).inc()
+            for victim in outcome.load.evict:
+                self.metrics.evictions.labels(victim.split("/", 1)[0], device_id).inc()
+            self._lane(stage, device_id).inbox.put(outcome)
 
-    def _inputs(self, dispatch: Dispatch) -> Arrays | None:
-        """A task's input arrays; None when its request is gone (cancelled, timed out)."""
+    def _lane(self, stage: str, device_id: str) -> Lane:
+        with self._lanes_lock:
+            lane = self._lanes.get((stage, device_id))
+            if lane is None:
+                graph_format = self.format_for(stage, device_id)
+                assert graph_format is not None, "the scheduler placed where it cannot run"
+                lane = Lane(
+                    stage,
+                    self.plugins[stage],
+                    graph_format,
+                    self.models[device_id],
+                    self._graphs,
+                    self._inputs,
+                    self.scheduler.batching_for,
+                    self._on_batch,
+                )
+                self._lanes[(stage, device_id)] = lane
+            return lane
+
+    def _inputs(self, dispatch: Dispatch) -> tuple[bool, Any]:
+        """A task's payload; (False, None) when its request is gone (cancelled, timed out)."""
         task = dispatch.task
         with self._lock:
             state = self._requests.get(task.request_id)
             if state is None or task.cancelled:
-                return None
-            return self._step_inputs(state, task.step, dispatch.model_key)
+                return False, None
+            return True, self._step_inputs(state, task.step)
 
     def _on_batch(self, outcomes: list[BatchOutcome]) -> None:
         self._sync_health()
-        self._observe_batch([o for o in outcomes if o.error is None and not o.skipped])
+        self._observe_batch([o for o in outcomes if not o.skipped and o.batch_size])
         for outcome in outcomes:
             self._finish(outcome)
         self._wake.set()
@@ -447,17 +736,17 @@ class Engine:
         if not ran:
             return
         first = ran[0]
-        device = self._device_by_id[first.dispatch.device_id]
+        device_id = first.dispatch.device_id
         stage = first.dispatch.task.stage
-        if first.batch_size > 1:  # one stacked run
-            self.metrics.batch_size.labels(stage).observe(first.batch_size)
-            busy = first.run_s
-        else:  # items that could not be stacked ran one by one
-            for _ in ran:
-                self.metrics.batch_size.labels(stage).observe(1)
-            busy = sum(o.run_s for o in ran)
-        self.metrics.stage_latency.labels(stage, device.device_class.value).observe(busy)
-        self.metrics.device_busy.labels(device.id).inc(busy)
+        variant = first.dispatch.model_key.split("/", 1)[1]
+        self.metrics.batch_size.labels(stage).observe(first.batch_size)
+        self.metrics.stage_duration.labels(stage, device_id, variant).observe(first.run_s)
+        self.metrics.device_busy.labels(device_id).inc(first.run_s)
+        status = self.status.get(stage)
+        if status is not None:
+            status.batches += 1
+            items = sum(o.dispatch.task.items for o in ran) or 1
+            status.recent_s.append(first.run_s / items)
 
     def _sync_health(self) -> None:
         """Devices their backend marked unhealthy (or healthy again) leave (or rejoin)
@@ -471,23 +760,28 @@ class Engine:
     def _finish(self, outcome: BatchOutcome) -> None:
         dispatch = outcome.dispatch
         task = dispatch.task
-        device = self._device_by_id[dispatch.device_id]
+        device_id = dispatch.device_id
+        with self._lock:
+            self._running[task.stage] = max(0, self._running[task.stage] - 1)
         if outcome.skipped:
             with self._lock:
                 self.scheduler.completed(dispatch, ok=True, run_s=0.0, judge=False)
             return
-        ok = outcome.error is None
+        device_fault = outcome.error is not None and outcome.blame
         self.metrics.queue_wait.labels(task.stage, task.qos_class).observe(
             max(0.0, outcome.started_at - task.enqueued_at)
         )
         with self._lock:
-            if not ok and dispatch.model_key not in self.workers[device.id].loaded:
-                self.scheduler.unloaded(device.id, dispatch.model_key)
+            if device_fault and not self.models[device_id].resident(dispatch.model_key):
+                self.scheduler.unloaded(device_id, dispatch.model_key)  # its load failed
             self.scheduler.completed(
-                dispatch, ok=ok, run_s=outcome.run_s, batch_size=outcome.batch_size
+                dispatch,
+                ok=not device_fault,
+                run_s=outcome.run_s if not device_fault else 0.0,
+                batch_size=outcome.batch_size,
             )
-            breaker = self.scheduler.breaker(task.stage, device.id)
-            self.metrics.breaker_state.labels(task.stage, device.id).set(
+            breaker = self.scheduler.breaker(task.stage, device_id)
+            self.metrics.breaker_state.labels(task.stage, device_id).set(
                 0 if breaker.state is BreakerState.CLOSED else 1
             )
             state = self._requests.get(task.request_id)
@@ -495,27 +789,30 @@ class Engine:
                 return  # cancelled or timed out meanwhile
             state.live_tasks.pop(task.id, None)
             offered = None
-            if ok:
-                assert outcome.outputs is not None
-                offered = self._step_inputs(state, task.step, dispatch.model_key)
-                size = sum(int(np.asarray(v).nbytes) for v in outcome.outputs.values())
-                state.outputs[task.step] = OutputHandle(device.id, outcome.outputs, size)
-                state.devices[task.step] = device.id
+            error: BaseException | None = None
+            if outcome.error is None:
+                offered = self._step_inputs(state, task.step)
+                state.outputs[task.step] = OutputHandle(
+                    device_id, outcome.output, _size(outcome.output)
+                )
+                state.devices[task.step] = device_id
                 error = None if state.done() else self._continue(state)
+            elif device_fault:
+                error = self._retry(state, task, device_id, outcome.error)
             else:
-                error = self._retry(state, task, device.id, outcome.error)
+                error = outcome.error  # the item itself was bad: no other device would help
             finished = error is not None or state.done()
             if finished:
                 self._end(state)
-        if offered is not None and outcome.outputs is not None:
-            self._offer(task, offered, outcome.outputs)  # outside the lock: it does I/O
+        if offered is not None:
+            self._offer(task, offered, outcome.output)  # outside the lock: it does I/O
         if not finished:
             return
         if error is not None:
-            self.metrics.requests.labels(state.route, "failed").inc()
+            self.metrics.outcomes.labels(state.route, "failed").inc()
             _settle(state.future, error=error)
             return
-        self.metrics.requests.labels(state.route, "ok").inc()
+        self.metrics.outcomes.labels(state.route, "ok").inc()
         _settle(state.future, result=self._result(state))
 
     def _result(self, state: RequestState) -> EngineResult:
@@ -529,6 +826,7 @@ class Engine:
             devices=dict(state.devices),
             degraded=state.variant == "light" and had_light,
             latency_s=self.clock.now() - state.arrival,
+            variant=state.variant,
         )
 
     def _continue(self, state: RequestState) -> BaseException | None:
@@ -566,8 +864,45 @@ class Engine:
             if state is None:
                 return
             self._end(state)
-        self.metrics.requests.labels(state.route, "failed").inc()
+        self.metrics.outcomes.labels(state.route, "failed").inc()
         _settle(state.future, error=error)
+
+    # --- reporting -----------------------------------------------------------------------------
+
+    def resident(self) -> dict[str, list[str]]:
+        """Model keys resident per device, as the memory manager accounts them."""
+        with self._lock:
+            return {
+                device.id: sorted(self.scheduler.memory[index].resident)
+                for index, device in enumerate(self.fleet.devices)
+            }
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line: what went wrong (hetero's errors carry the fix in their message)."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    if isinstance(err, HeteroError):
+        return text or type(err).__name__
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _by_stage(graphs: Mapping[str, ComputeGraph]) -> dict[str, dict[str, ComputeGraph]]:
+    out: dict[str, dict[str, ComputeGraph]] = {}
+    for key, graph in graphs.items():
+        stage, _, variant = key.partition("/")
+        out.setdefault(stage, {})[variant or "full"] = graph
+    return out
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, Mapping):
+        return sum(_size(v) for v in value.values())
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, bytes | str):
+        return len(value)
+    return 0
 
 
 def _settle(
@@ -584,10 +919,3 @@ def _settle(
             future.set_result(result)
     except InvalidStateError:
         pass  # the caller cancelled it; the request's work was dropped with it
-
-
-def _items(payload: Mapping[str, np.ndarray[Any, Any]]) -> int:
-    for value in payload.values():
-        if np.ndim(value):
-            return int(np.shape(value)[0])
-    return 1

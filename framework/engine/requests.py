@@ -6,8 +6,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask
 from hetero.framework.stages import Pipeline
 
@@ -16,13 +14,15 @@ __all__ = ["EngineResult", "RequestState"]
 
 @dataclass(frozen=True, slots=True)
 class EngineResult:
-    """A finished request: the outputs of its sink steps, and how it went."""
+    """A finished request: the outputs of its sink steps (arrays for bare graphs, a plugin's
+    result otherwise), the device each step ran on, and how it went."""
 
     request_id: str
-    outputs: dict[str, dict[str, np.ndarray[Any, Any]]]
+    outputs: dict[str, Any]
     devices: dict[str, str]
     degraded: bool
     latency_s: float
+    variant: str = "full"
 
 
 @dataclass(slots=True)
@@ -32,7 +32,7 @@ class RequestState:
     request_id: str
     route: str
     pipeline: Pipeline
-    payload: dict[str, np.ndarray[Any, Any]]
+    payload: Any
     qos_class: str
     variant: str
     arrival: float

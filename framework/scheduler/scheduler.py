@@ -8,6 +8,7 @@ tasks, calls :meth:`Scheduler.dispatch` until it returns None, carries each
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import HeteroError, NoEligibleDeviceError
+from hetero.framework.graph import BandwidthHint
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
@@ -143,20 +145,11 @@ class Scheduler:
             MemoryManager(d.id, c, eviction) for d, c in zip(self.devices, capacity, strict=True)
         ]
         count = len(self.devices)
+        self._can_run = can_run
         self.tables: dict[str, _Tables] = {}
         for name, stage in spec.stages.items():
-            residency = stage.min_residency_s
-            if residency is None:
-                residency = spec.scheduler.min_residency_s
             for variant_name, variant in stage.variants.items():
-                costs = self.fleet.stage(
-                    name,
-                    variant_name,
-                    hint_from_variant(variant),
-                    stage.device_classes,
-                    residency,
-                    can_run,
-                )
+                costs = self._costs(name, variant_name, hint_from_variant(variant))
                 self.tables[costs.key] = _Tables.fresh(costs, count)
         classes = {
             name: QueueClass(weight=c.weight, bound=c.queue_bound)
@@ -184,6 +177,63 @@ class Scheduler:
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
+
+    def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
+        config = self.policy.spec.stages[stage]
+        residency = config.min_residency_s
+        if residency is None:
+            residency = self.policy.spec.scheduler.min_residency_s
+        return self.fleet.stage(
+            stage, variant, hint, config.device_classes, residency, self._can_run
+        )
+
+    def set_hint(self, stage: str, variant: str, hint: BandwidthHint) -> None:
+        """Cost ``stage/variant`` by ``hint`` from now on (a stage plugin's graphs are the
+        source of its cost); the policy's batch size and delay still bound its batches."""
+        key = f"{stage}/{variant}"
+        old = self.tables[key]
+        policy_batch = old.costs.hint.max_batch
+        if hint.batchable:
+            hint = dataclasses.replace(hint, max_batch=min(hint.max_batch, policy_batch))
+        fresh = _Tables.fresh(self._costs(stage, variant, hint), len(self.devices))
+        fresh.pending[:] = old.pending
+        fresh.correction[:] = old.correction
+        fresh.resident[:] = old.resident
+        for index in range(len(self.devices)):
+            fresh.refresh(index)
+        self.tables[key] = fresh
+        self._base_masks.clear()
+
+    def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
+        """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
+        (warm-up timing): every variant's estimate there is scaled to match it."""
+        index = self.fleet.index[device_id]
+        device = self.devices[index]
+        full = self.tables[f"{stage}/full"].costs.hint
+        modelled = full.batch_seconds(
+            device.peak_flops_for(full.dtype), device.memory_bandwidth_bytes_per_s, items
+        )
+        if modelled <= 0 or run_s <= 0:
+            return
+        for key, tables in self.tables.items():
+            if key.split("/", 1)[0] == stage:
+                tables.correction[index] = run_s / modelled
+                tables.refresh(index)
+
+    def estimate_s(self, stage: str, variant: str, device_id: str, items: int = 1) -> float:
+        """The calibrated compute estimate of ``items`` items on ``device_id`` (idle device)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        index = self.fleet.index[device_id]
+        return float(tables.costs.marginal_s[index, 0] * tables.correction[index] * items)
+
+    def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
+        """Devices that could ever run this stage variant."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
+
+    def queued(self, stage: str) -> int:
+        """Tasks of ``stage`` waiting in its queue."""
+        return len(self.queues[stage])
 
     # --- queues ------------------------------------------------------------------------------
 

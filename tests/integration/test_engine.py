@@ -123,7 +123,7 @@ def test_two_stage_pipeline_runs_on_real_onnx_graphs() -> None:
         assert set(result.devices) == {"encode", "head"}
         assert not result.degraded
         text = engine.metrics.registry.get_sample_value(
-            "hetero_requests_total", {"route": "/two", "outcome": "ok"}
+            "hetero_engine_requests_total", {"route": "/two", "outcome": "ok"}
         )
         assert text == 1.0
 
@@ -230,7 +230,7 @@ def test_a_request_that_times_out_is_cancelled_and_the_engine_carries_on() -> No
         result = engine.run("/two", {"x": x}, timeout=60)  # the engine still works
         np.testing.assert_allclose(result.outputs["head"]["y"], expected(x), rtol=1e-4, atol=1e-4)
         cancelled = engine.metrics.registry.get_sample_value(
-            "hetero_requests_total", {"route": "/two", "outcome": "cancelled"}
+            "hetero_engine_requests_total", {"route": "/two", "outcome": "cancelled"}
         )
         assert cancelled == 1.0
 

@@ -1,0 +1,258 @@
+"""Device lanes: one worker thread per (stage, device), so a heavy stage never blocks a light
+one, and the graphs resident on each device.
+
+A lane receives the scheduler's dispatches for its stage on its device, carries out the
+memory manager's evictions, batches what is queued (per variant, up to the scheduler's batch
+size and delay), makes the stage's graphs resident if they are not, and runs the batch through
+the stage plugin with that device's runner. Nothing a plugin raises kills the thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hetero.framework.backend import Backend
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.runner import LoadedGraphs
+from hetero.framework.scheduler import Batcher, Dispatch
+from hetero.framework.stage_plugin import StagePlugin
+
+__all__ = ["BatchOutcome", "DeviceModels", "Lane"]
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What happened to one dispatched task of a batch.
+
+    ``error`` set and ``blame`` true: the device failed (the engine retries elsewhere);
+    ``blame`` false: the item itself was bad (its request fails, the device is not judged).
+    ``skipped`` marks a task whose request was cancelled before it ran.
+    """
+
+    dispatch: Dispatch
+    output: Any
+    error: BaseException | None
+    run_s: float
+    batch_size: int
+    started_at: float
+    blame: bool = True
+    skipped: bool = False
+
+
+class DeviceModels:
+    """The stage graphs resident on one device, by model key (``stage/variant``).
+
+    Variants that load the same graphs share one resident copy; it is released when the last
+    variant using it is evicted.
+    """
+
+    def __init__(self, backend: Backend, device: DeviceSpec) -> None:
+        self.backend = backend
+        self.device = device
+        self._lock = threading.Lock()
+        self._loaded: dict[tuple[str, GraphFormat], LoadedGraphs] = {}
+        self._users: dict[tuple[str, GraphFormat], set[str]] = {}
+        self._key_of: dict[str, tuple[str, GraphFormat]] = {}
+        self._loading: dict[tuple[str, GraphFormat], threading.Lock] = {}
+
+    def get(
+        self, model_key: str, graph_format: GraphFormat, graphs: Callable[[], Mapping[str, Any]]
+    ) -> tuple[LoadedGraphs, bool]:
+        """The loaded graphs of ``model_key``, loading them if needed; (runner, loaded now)."""
+        stage = model_key.split("/", 1)[0]
+        key = (stage, graph_format)
+        with self._lock:
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:  # one load per graph set; others wait for it
+            with self._lock:
+                found = self._loaded.get(key)
+                if found is not None:
+                    self._users[key].add(model_key)
+                    self._key_of[model_key] = key
+                    return found, False
+            loaded = LoadedGraphs(self.backend, self.device.id, graphs())
+            with self._lock:
+                self._loaded[key] = loaded
+                self._users[key] = {model_key}
+                self._key_of[model_key] = key
+            return loaded, True
+
+    def evict(self, model_key: str) -> None:
+        """Forget ``model_key``; its graphs are unloaded once no variant uses them."""
+        with self._lock:
+            key = self._key_of.pop(model_key, None)
+            if key is None:
+                return
+            users = self._users.get(key, set())
+            users.discard(model_key)
+            if users:
+                return
+            loaded = self._loaded.pop(key, None)
+            self._users.pop(key, None)
+        if loaded is not None:
+            try:
+                loaded.unload()
+            except Exception:
+                logger.exception("%s: unloading %s failed", self.device.id, key[0])
+
+    def resident(self, model_key: str) -> bool:
+        """Whether ``model_key``'s graphs are loaded here."""
+        with self._lock:
+            return model_key in self._key_of
+
+    def close(self) -> None:
+        """Unload everything."""
+        with self._lock:
+            loaded = list(self._loaded.values())
+            self._loaded.clear()
+            self._users.clear()
+            self._key_of.clear()
+        for graphs in loaded:
+            graphs.unload()
+
+
+class Lane:
+    """One (stage, device): a thread running that stage's batches on that device."""
+
+    def __init__(
+        self,
+        stage: str,
+        plugin: StagePlugin,
+        graph_format: GraphFormat,
+        models: DeviceModels,
+        graphs_for: Callable[[str, GraphFormat], Mapping[str, ComputeGraph]],
+        inputs_for: Callable[[Dispatch], tuple[bool, Any]],
+        batching_for: Callable[[str], tuple[int, float]],
+        report: Callable[[list[BatchOutcome]], None],
+    ) -> None:
+        self.stage = stage
+        self.plugin = plugin
+        self.graph_format = graph_format
+        self.models = models
+        self.device = models.device
+        self._graphs_for = graphs_for
+        self._inputs_for = inputs_for
+        self._batching_for = batching_for
+        self._report = report
+        self.inbox: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
+        self._batchers: dict[str, Batcher[Dispatch]] = {}
+        self._thread = threading.Thread(
+            target=self._loop, name=f"hetero-{stage}@{self.device.id}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued, then end the thread."""
+        self.inbox.put(None)
+        self._thread.join()
+
+    def _timeout(self) -> float:
+        due = [d for b in self._batchers.values() if (d := b.due_at()) is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else IDLE_POLL_S
+
+    def _loop(self) -> None:
+        running = True
+        while running or any(len(b) for b in self._batchers.values()):
+            if running:
+                running = self._receive(self._timeout())
+            now = time.monotonic()
+            for batcher in list(self._batchers.values()):
+                batch = batcher.take(now)
+                if not batch:
+                    continue
+                try:
+                    outcomes = self._execute(batch)
+                except Exception as err:  # a bug here must fail the batch, not the thread
+                    logger.exception(
+                        "%s: batch of %s failed unexpectedly", self.device.id, self.stage
+                    )
+                    outcomes = [BatchOutcome(d, None, err, 0.0, len(batch), now) for d in batch]
+                self._report(outcomes)
+
+    def _receive(self, timeout: float) -> bool:
+        """Take what arrived (waiting up to ``timeout`` for the first); False once told to stop."""
+        try:
+            item = self.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                for batcher in self._batchers.values():
+                    batcher.max_delay_s = 0.0  # flush partial batches on the way out
+                return False
+            for victim in item.load.evict:  # the memory manager's plan, in dispatch order
+                self.models.evict(victim)
+            self._batcher(item.model_key).add(item, time.monotonic())
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _batcher(self, key: str) -> Batcher[Dispatch]:
+        if key not in self._batchers:
+            max_batch, max_delay_s = self._batching_for(key)
+            if not self.plugin.batchable:
+                max_batch, max_delay_s = 1, 0.0
+            self._batchers[key] = Batcher(max_batch=max_batch, max_delay_s=max_delay_s)
+        return self._batchers[key]
+
+    def _execute(self, batch: list[Dispatch]) -> list[BatchOutcome]:
+        started = time.monotonic()
+        outcomes: list[BatchOutcome] = []
+        live: list[tuple[Dispatch, Any]] = []
+        for dispatch in batch:
+            alive, payload = self._inputs_for(dispatch)
+            if alive:
+                live.append((dispatch, payload))
+            else:
+                outcomes.append(BatchOutcome(dispatch, None, None, 0.0, 0, started, skipped=True))
+        if not live:
+            return outcomes
+        model_key = batch[0].model_key
+        variant = model_key.split("/", 1)[1]
+        try:
+            runner, _ = self.models.get(
+                model_key, self.graph_format, lambda: self._graphs_for(model_key, self.graph_format)
+            )
+        except Exception as err:  # a failed load fails the batch; the engine retries elsewhere
+            logger.warning("%s: loading %s failed: %s", self.device.id, model_key, err)
+            return outcomes + [BatchOutcome(d, None, err, 0.0, len(live), started) for d, _ in live]
+        began = time.perf_counter()
+        try:
+            results = self.plugin.run(runner, variant, [payload for _, payload in live])
+            if len(results) != len(live):
+                raise RuntimeError(
+                    f"stage {self.stage}: run() gave {len(results)} results for {len(live)} items"
+                )
+        except Exception as err:
+            run_s = time.perf_counter() - began
+            return outcomes + [
+                BatchOutcome(d, None, err, run_s, len(live), started) for d, _ in live
+            ]
+        run_s = time.perf_counter() - began
+        for (dispatch, _), result in zip(live, results, strict=True):
+            if isinstance(result, BaseException):  # the item was bad, not the device
+                outcome = BatchOutcome(dispatch, None, result, run_s, len(live), started, False)
+            else:
+                outcome = BatchOutcome(dispatch, result, None, run_s, len(live), started)
+            outcomes.append(outcome)
+        return outcomes
+
+
+def with_threads(graphs: Mapping[str, ComputeGraph], threads: int) -> dict[str, ComputeGraph]:
+    """``graphs`` with ``threads`` intra-op threads each (0 leaves them as they are)."""
+    if threads <= 0:
+        return dict(graphs)
+    return {name: dataclasses.replace(graph, threads=threads) for name, graph in graphs.items()}
