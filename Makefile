@@ -1,4 +1,5 @@
-# The two commands: `make run` (the main job) and `make test`. Both set up .venv themselves.
+# The two commands: `make run` (the main job) and `make test`. Both install the Debian packages
+# they need (tools/sysdeps.sh) and set up .venv themselves.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,14 @@ STAMP := $(VENV)/.installed
 export PYTHONSAFEPATH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv run test lint typecheck pytest bench clean
+.PHONY: venv deps-run deps-test run test lint typecheck pytest bench clean
+
+# Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
+# everything the tests start. Installed with apt-get when root, else named with the command.
+deps-run:
+	@tools/sysdeps.sh run
+deps-test:
+	@tools/sysdeps.sh test
 
 venv: $(STAMP)
 
@@ -28,7 +36,7 @@ $(STAMP): pyproject.toml setup.py $(PACKAGE_FILES) $(wildcard tests/plugins/dumm
 
 # The main job: serve the embedded default policy's HTTP API (OpenAI-compatible and modality
 # routes, /metrics) on 127.0.0.1:8000 with real models; /ready turns 200 once they are loaded.
-run: venv
+run: deps-run venv
 	$(BIN)/hetero serve --policy policies/default.yaml
 
 lint: venv
@@ -46,12 +54,12 @@ typecheck: venv
 
 # Everything, with the conformance suite against the real npu backend; then the suite alone
 # against the sim backend and the dummy out-of-tree plugin.
-pytest: venv
+pytest: deps-test venv
 	$(BIN)/pytest -q --hetero-backend=npu
 	$(BIN)/pytest -q --hetero-backend=sim tests/backends/test_conformance.py
 	$(BIN)/pytest -q --hetero-backend=dummy tests/backends/test_conformance.py
 
-test: lint typecheck pytest
+test: deps-test lint typecheck pytest
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py

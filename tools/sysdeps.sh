@@ -1,0 +1,63 @@
+#!/bin/sh
+# The Debian packages hetero needs, named in this one place: `make run` and `make test` (and so
+# .ci/run) call this before anything else.
+#
+#   tools/sysdeps.sh run    what serving the default policy needs (espeak-ng for text-to-speech)
+#   tools/sysdeps.sh test   what the tests start: redis-server, a SoftHSM2 token, containerd,
+#                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap
+#
+# Every program present: exit 0 at once, no apt-get. Some missing: as root on Debian or Ubuntu,
+# install their packages with apt-get; otherwise print one line naming the packages and the
+# command to run, and exit 1. HETERO_SYSDEPS_INSTALL=0 never installs, only reports.
+set -eu
+
+# program:package
+run_needs="espeak-ng:espeak-ng"
+test_needs="redis-server:redis-server softhsm2-util:softhsm2 runc:runc containerd:containerd
+busybox:busybox-static newuidmap:uidmap runsc:runsc bwrap:bubblewrap espeak-ng:espeak-ng"
+
+case "${1:-}" in
+run) needs=$run_needs ;;
+test) needs=$test_needs ;;
+*)
+    echo "usage: $0 run|test" >&2
+    exit 2
+    ;;
+esac
+case "${HETERO_SYSDEPS_INSTALL:-1}" in
+1) install=1 ;;
+0) install=0 ;;
+*)
+    echo "HETERO_SYSDEPS_INSTALL: expected 0 or 1, got '$HETERO_SYSDEPS_INSTALL'" >&2
+    exit 2
+    ;;
+esac
+
+# The packages whose program is not on PATH, space-separated.
+missing_packages() {
+    missing=""
+    for entry in $needs; do
+        command -v "${entry%%:*}" >/dev/null 2>&1 || missing="$missing ${entry#*:}"
+    done
+    echo "${missing# }"
+}
+
+missing=$(missing_packages)
+[ -z "$missing" ] && exit 0
+
+command="apt-get install -y --no-install-recommends $missing"
+if [ "$install" = 1 ] && [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
+    echo "make $1: installing Debian packages: $missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # $missing unquoted on purpose: one argument per package.
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $missing
+    still=$(missing_packages)
+    [ -z "$still" ] && exit 0
+    echo "make $1: installed, but still not on PATH ($PATH): the programs of $still" >&2
+    exit 1
+fi
+[ "$(id -u)" = 0 ] || command="sudo $command"
+echo "make $1 needs Debian packages that are missing: $missing; install them with: $command" >&2
+exit 1
