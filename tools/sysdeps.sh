@@ -50,9 +50,9 @@ if [ "$install" = 1 ] && [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
     echo "make $1: installing Debian packages: $missing" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    # $missing unquoted on purpose: one argument per package.
+    # $missing unquoted: one argument per package. dpkg's progress is dropped, errors are not.
     # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $missing
+    apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $missing >/dev/null
     still=$(missing_packages)
     [ -z "$still" ] && exit 0
     echo "make $1: installed, but still not on PATH ($PATH): the programs of $still" >&2
