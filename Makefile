@@ -13,9 +13,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
 # everything the tests start. Installed with apt-get when root, else named with the command.
 deps-run:
-	@tools/sysdeps.sh run
+	@PYTHON=$(PYTHON) VENV=$(VENV) tools/sysdeps.sh run
 deps-test:
-	@tools/sysdeps.sh test
+	@PYTHON=$(PYTHON) VENV=$(VENV) tools/sysdeps.sh test
 
 venv: $(LINKED)
 

@@ -6,9 +6,12 @@
 #   tools/sysdeps.sh test   what the tests start: redis-server, a SoftHSM2 token, containerd,
 #                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap
 #
-# Every program present: exit 0 at once, no apt-get. Some missing: as root on Debian or Ubuntu,
-# install their packages with apt-get; otherwise print one line naming the packages and the
-# command to run, and exit 1. HETERO_SYSDEPS_INSTALL=0 never installs, only reports.
+# Both also need python3-venv while the venv ($VENV, default .venv) does not exist yet: Debian
+# ships ensurepip, which `$PYTHON -m venv` needs (PYTHON, default python3), in that package.
+#
+# Everything present: exit 0 at once, no apt-get. Something missing: as root on Debian or
+# Ubuntu, install the packages with apt-get; otherwise print one line naming the packages and
+# the command to run, and exit 1. HETERO_SYSDEPS_INSTALL=0 never installs, only reports.
 set -eu
 
 # program:package
@@ -33,12 +36,16 @@ case "${HETERO_SYSDEPS_INSTALL:-1}" in
     ;;
 esac
 
-# The packages whose program is not on PATH, space-separated.
+# The packages whose program is not on PATH (or python3-venv), space-separated.
 missing_packages() {
     missing=""
     for entry in $needs; do
         command -v "${entry%%:*}" >/dev/null 2>&1 || missing="$missing ${entry#*:}"
     done
+    if [ ! -x "${VENV:-.venv}/bin/python" ] &&
+        ! "${PYTHON:-python3}" -c "import ensurepip" >/dev/null 2>&1; then
+        missing="$missing python3-venv"
+    fi
     echo "${missing# }"
 }
 
@@ -55,7 +62,8 @@ if [ "$install" = 1 ] && [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
     apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 $missing >/dev/null
     still=$(missing_packages)
     [ -z "$still" ] && exit 0
-    echo "make $1: installed, but still not on PATH ($PATH): the programs of $still" >&2
+    echo "make $1: after apt-get, still missing: $still (programs are looked up on PATH," \
+        "python3-venv as ensurepip in ${PYTHON:-python3})" >&2
     exit 1
 fi
 [ "$(id -u)" = 0 ] || command="sudo $command"

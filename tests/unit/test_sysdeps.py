@@ -23,17 +23,31 @@ TEST_PROGRAMS = (
 )
 
 
-def sysdeps(target: str, path: Path, *programs: str) -> subprocess.CompletedProcess[str]:
-    """The script with only ``programs`` (fakes) and ``id`` on PATH, never installing."""
+def fake_program(path: Path, exit_code: int = 0) -> Path:
+    path.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    path.chmod(0o755)
+    return path
+
+
+def sysdeps(
+    target: str, path: Path, *programs: str, python_has_ensurepip: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """The script with only ``programs`` (fakes) and ``id`` on PATH, never installing; the venv
+    is ``path``'s sibling ``venv`` (absent unless a test makes it), and the Python that would
+    create it has ensurepip (``import ensurepip`` succeeds) or not."""
     path.mkdir(exist_ok=True)
     (path / "id").symlink_to(shutil.which("id") or "/usr/bin/id")
     for name in programs:
-        fake = path / name
-        fake.write_text("#!/bin/sh\n")
-        fake.chmod(0o755)
+        fake_program(path / name)
+    python = fake_program(path.parent / "python", 0 if python_has_ensurepip else 1)
     return subprocess.run(
         ["/bin/sh", str(SCRIPT), target],
-        env={"PATH": str(path), "HETERO_SYSDEPS_INSTALL": "0"},
+        env={
+            "PATH": str(path),
+            "HETERO_SYSDEPS_INSTALL": "0",
+            "PYTHON": str(python),
+            "VENV": str(path.parent / "venv"),
+        },
         capture_output=True,
         text=True,
         check=False,
@@ -63,6 +77,16 @@ def test_serving_needs_only_espeak_ng(tmp_path: Path) -> None:
     assert missing.stderr.endswith("apt-get install -y --no-install-recommends espeak-ng\n")
     present = sysdeps("run", tmp_path / "espeak", "espeak-ng")
     assert (present.returncode, present.stderr) == (0, "")
+
+
+def test_creating_the_venv_needs_python3_venv_until_the_venv_exists(tmp_path: Path) -> None:
+    before = sysdeps("run", tmp_path / "bin", "espeak-ng", python_has_ensurepip=False)
+    assert before.returncode == 1
+    assert before.stderr.endswith("apt-get install -y --no-install-recommends python3-venv\n")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    fake_program(tmp_path / "venv" / "bin" / "python")
+    after = sysdeps("run", tmp_path / "bin2", "espeak-ng", python_has_ensurepip=False)
+    assert (after.returncode, after.stderr) == (0, "")
 
 
 @pytest.mark.parametrize("target", ["", "serve"])
