@@ -1,4 +1,11 @@
-"""Map each fixed top-level folder to ``hetero.<folder>``; everything else is in pyproject.toml."""
+"""Map each fixed top-level folder to ``hetero.<folder>``; everything else is in pyproject.toml.
+
+With ``HETERO_METADATA_ONLY=1`` (``make venv`` sets it) the distribution carries no modules,
+only its dependencies, the ``hetero`` script and the entry points: the venv then imports
+``hetero.*`` from these folders in place, through tools/link_tree.py's directory links.
+"""
+
+import os
 
 from setuptools import find_namespace_packages, setup
 
@@ -15,7 +22,7 @@ FOLDERS = (
 )
 
 package_dir = {}
-for folder in FOLDERS:
+for folder in FOLDERS if os.environ.get("HETERO_METADATA_ONLY") != "1" else ():
     root = "hetero." + folder.replace("/", ".")
     package_dir[root] = folder
     for sub in find_namespace_packages(where=folder, exclude=["*__pycache__*"]):

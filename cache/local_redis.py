@@ -27,7 +27,7 @@ class RedisServer:
     def __init__(self, directory: Path, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (.ci/run installs it with apt)")
+            raise RuntimeError("redis-server is not installed (`make test` installs it)")
         self.binary = binary
         self.directory = directory
         self.port = port or free_port()

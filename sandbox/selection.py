@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
@@ -104,6 +105,18 @@ class PartitionCheck:
         """Nothing is missing."""
         return not self.problems
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``hetero sandbox check --json``."""
+        return {
+            "name": self.name,
+            "requires": self.required,
+            "runtime": self.runtime,
+            "cipher": self.cipher,
+            "key": {"ok": self.key.ok, "detail": self.key.detail},
+            "ok": self.ok,
+            "problems": list(self.problems),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxReport:
@@ -116,6 +129,23 @@ class SandboxReport:
     def ok(self) -> bool:
         """Every partition can be satisfied."""
         return all(p.ok for p in self.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``hetero sandbox check --json``: runtimes in preference order."""
+        return {
+            "ok": self.ok,
+            "runtimes": [
+                {
+                    "name": runtime.name,
+                    "isolation": runtime.isolation.label,
+                    "available": found.available,
+                    "detail": found.detail,
+                    "hint": found.hint,
+                }
+                for runtime, found in self.runtimes
+            ],
+            "partitions": [check.to_dict() for check in self.partitions],
+        }
 
 
 def check_policy(policy: Policy, state_dir: Path | None = None) -> SandboxReport:

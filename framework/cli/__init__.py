@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="runtimes found, the isolation each gives, and whether partitions fit"
     )
     sandbox_check.add_argument("--policy", default="builtin:gov-onprem", help="policy file")
+    sandbox_check.add_argument("--json", action="store_true", help="machine-readable output")
     sandbox_erase = sandbox_commands.add_parser("erase", help="erase a data subject's objects")
     sandbox_erase.add_argument("--policy", required=True, help="policy file")
     sandbox_erase.add_argument("--partition", required=True, help="partition name")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_audit_verify(out, err, args.file, args.public_key)
         if args.command == "sandbox":
             if args.sandbox_command == "check":
-                return run_sandbox_check(out, args.policy)
+                return run_sandbox_check(out, args.policy, args.json)
             if args.sandbox_command == "erase":
                 return run_sandbox_erase(out, args.policy, args.partition, args.subject)
             return run_sandbox_expire(out, args.policy)

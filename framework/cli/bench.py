@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from hetero.framework.cli.output import print_json
 from hetero.framework.scheduler.bench import QUEUE_LENGTHS, run_scheduler_bench
 
 
@@ -44,7 +44,7 @@ def run_bench_scheduler(console: Console, as_json: bool) -> int:
         "growth": growth,
     }
     if as_json:
-        console.print_json(json.dumps(payload))
+        print_json(console, payload)
         return 0
     table = Table(title="Scheduling decision latency, 64 devices x 8 stages", title_justify="left")
     for column in ("queued", "hetero p50", "hetero p99", "naive p50", "naive p99", "speed-up p99"):
@@ -72,7 +72,7 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
 
     results = run_cache_bench()
     if as_json:
-        console.print_json(json.dumps(results))
+        print_json(console, results)
         return 0
     table = Table(title="Feature cache, 5 KB embedding", title_justify="left")
     for column in ("read", "p50", "p99"):

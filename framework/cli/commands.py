@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from hetero.framework.cli.output import print_json
 from hetero.framework.cli.units import bytes_text, rate_text, seconds_text
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
@@ -91,6 +91,7 @@ def _topology_json(topology: Topology) -> list[dict[str, Any]]:
                     "src": src.id,
                     "dst": dst.id,
                     "route": [hop.kind for hop in hops],
+                    "bandwidth_bytes_per_s": min(hop.bandwidth_bytes_per_s for hop in hops),
                     "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
                 }
             )
@@ -113,7 +114,7 @@ def run_policy_devices(
             "excluded": dict(fleet.excluded),
             "topology": _topology_json(topology),
         }
-        console.print_json(json.dumps(payload))
+        print_json(console, payload)
         return 0
     title = f"Devices of policy {policy.spec.name!r}" + (" (simulated)" if fleet.simulated else "")
     console.print(devices_table(fleet.devices, title))
@@ -142,7 +143,7 @@ def run_devices(console: Console, registry: Registry, as_json: bool) -> int:
             "devices": [device.to_dict() for device in devices],
             "unavailable": {d.name: d.reason for d in unavailable},
         }
-        console.print_json(json.dumps(payload))
+        print_json(console, payload)
         return 0
     console.print(devices_table(devices, "Devices"))
     for detection in unavailable:
@@ -175,7 +176,7 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
             "routes": dict(policy.spec.routes),
             "pipelines": {name: list(p.order) for name, p in sorted(policy.pipelines.items())},
         }
-        console.print_json(json.dumps(payload))
+        print_json(console, payload)
         return 0
     console.print(
         f"[green]policy {policy.spec.name!r} ({policy.source}) is valid[/]: "

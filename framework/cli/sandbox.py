@@ -8,15 +8,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from hetero.framework.cli.output import print_json
 from hetero.framework.policy import load_policy
 
 
-def run_sandbox_check(console: Console, policy_path: str) -> int:
+def run_sandbox_check(console: Console, policy_path: str, as_json: bool = False) -> int:
     """Print runtimes and partitions; exit 0 when every partition can be satisfied, else 1."""
     from hetero.sandbox.selection import check_policy
 
     policy = load_policy(policy_path)
     report = check_policy(policy)
+    if as_json:
+        print_json(console, {"policy": policy_path, **report.to_dict()})
+        return 0 if report.ok else 1
     runtimes = Table(title="Sandbox runtimes (policy preference order)", title_justify="left")
     for column in ("runtime", "isolation", "available", "detail"):
         runtimes.add_column(column, overflow="fold")

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from hetero.framework.cli.output import print_json
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy, load_policy
 from hetero.framework.registry import Registry
@@ -247,17 +248,12 @@ def run_run(
     if kind.startswith("audio/"):
         target = Path(output or "speech.wav")
         target.write_bytes(response.content)
-        out.print_json(
-            json.dumps(
-                {
-                    "status": response.status_code,
-                    "wrote": str(target),
-                    "bytes": len(response.content),
-                }
-            )
+        print_json(
+            out,
+            {"status": response.status_code, "wrote": str(target), "bytes": len(response.content)},
         )
     elif kind.startswith("application/json"):
-        out.print_json(json.dumps({"status": response.status_code, "body": response.json()}))
+        print_json(out, {"status": response.status_code, "body": response.json()})
     else:
-        out.print_json(json.dumps({"status": response.status_code, "body": response.text}))
+        print_json(out, {"status": response.status_code, "body": response.text})
     return 0 if response.status_code < 400 else 2

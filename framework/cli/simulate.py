@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hetero.framework.cli.output import print_json
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
@@ -84,10 +84,8 @@ def run_simulate(
     if plot_path:
         plot(results, Path(plot_path), f"{workload.spec.name} on {policy.spec.name}")
     if as_json:
-        console.print_json(
-            json.dumps(
-                {"policy": policy.spec.name, "workload": workload.spec.name, "results": rows}
-            )
+        print_json(
+            console, {"policy": policy.spec.name, "workload": workload.spec.name, "results": rows}
         )
         return 0
     table = Table(title=f"{workload.spec.name} on {policy.spec.name}", title_justify="left")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,24 +181,44 @@ def hetero(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def sandbox_check(policy: Path) -> tuple[int, dict[str, Any]]:
+    """``hetero sandbox check --json``: the exit code and the report."""
+    result = hetero("sandbox", "check", "--policy", str(policy), "--json")
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
 def test_sandbox_check_says_honestly_what_this_host_cannot_satisfy() -> None:
-    result = hetero("sandbox", "check", "--policy", str(GOV))
-    assert result.returncode == 1, result.stderr
-    assert "id_cards" in result.stdout and "requires vm isolation" in result.stdout
-    assert "runc" in result.stdout and "container" in result.stdout
+    returncode, report = sandbox_check(GOV)
+    assert returncode == 1 and report["ok"] is False
+    partitions = {p["name"]: p for p in report["partitions"]}
+    assert partitions["id_cards"]["runtime"] is None
+    assert any("requires vm isolation" in problem for problem in partitions["id_cards"]["problems"])
+    runtimes = {r["name"]: r["isolation"] for r in report["runtimes"]}
+    assert runtimes["runc"] == "container" and runtimes["kata"] == "vm"
+    human = hetero("sandbox", "check", "--policy", str(GOV))
+    assert human.returncode == 1 and human.stdout, human.stderr  # the tables, for people
 
 
 def test_sandbox_check_passes_when_runtime_and_key_are_present(tmp_path: Path) -> None:
     FileKeyring.create(tmp_path / "keyring.json", {"id-cards": 16})
     policy = tmp_path / "site.yaml"
     policy.write_text(policy_text("container", "[runc]", tmp_path / "keyring.json"))
-    result = hetero("sandbox", "check", "--policy", str(policy))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "satisfied" in result.stdout and "NOT" not in result.stdout
+    returncode, report = sandbox_check(policy)
+    assert returncode == 0, report
+    (partition,) = report["partitions"]
+    assert partition["ok"] and partition["runtime"] == "runc" and partition["problems"] == []
+    assert hetero("sandbox", "check", "--policy", str(policy)).returncode == 0
     missing_key = tmp_path / "missing.yaml"
     missing_key.write_text(policy_text("container", "[runc]", tmp_path / "nowhere.json"))
-    result = hetero("sandbox", "check", "--policy", str(missing_key))
-    assert result.returncode == 1 and "keyring file not found" in result.stdout
+    returncode, report = sandbox_check(missing_key)
+    assert returncode == 1
+    (partition,) = report["partitions"]
+    assert not partition["ok"] and partition["runtime"] == "runc"
+    assert partition["key"] == {
+        "ok": False,
+        "detail": f"{tmp_path / 'nowhere.json'}: keyring file not found",
+    }
 
 
 def test_a_policy_naming_an_unknown_runtime_is_refused_with_its_line(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The PKCS#11 key provider against a real SoftHSM2 token (Debian's softhsm2, installed by
-.ci/run): partition keys stay inside the token; data keys are wrapped and unwrapped there."""
+`make test`): partition keys stay inside the token; data keys are wrapped and unwrapped there."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PIN, SO_PIN, LABEL = "5678", "1234", "hetero-test"
 @pytest.fixture(scope="module")
 def token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pkcs11Keyring]:
     if shutil.which("softhsm2-util") is None:
-        pytest.fail("softhsm2 is not installed: .ci/run installs it with apt")
+        pytest.fail("softhsm2 is not installed: `make test` installs it (tools/sysdeps.sh)")
     home = tmp_path_factory.mktemp("softhsm")
     (home / "tokens").mkdir()
     config = home / "softhsm2.conf"

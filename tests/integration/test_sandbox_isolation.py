@@ -3,7 +3,7 @@
 Every test runs the same busybox probe twice from the same OCI spec generator: once as built
 (all protections) and once with exactly one protection removed. The control shows the probe
 *would* succeed, so the protected run's failure is the protection's doing. runc, containerd
-(runc shim) and gVisor come from Debian packages that .ci/run installs.
+(runc shim) and gVisor come from Debian packages that `make test` installs.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ FULL = Isolation()
 
 def _require(binary: str) -> None:
     if shutil.which(binary) is None:
-        pytest.fail(f"{binary} is not installed: .ci/run installs it with apt")
+        pytest.fail(f"{binary} is not installed: `make test` installs it (tools/sysdeps.sh)")
 
 
 @pytest.fixture(scope="module")

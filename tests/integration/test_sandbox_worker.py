@@ -33,7 +33,7 @@ def site() -> Iterator[Path]:
     """Partitions, keys and sandbox state outside pytest's private temporary directories (the
     user namespace's root must traverse them) and outside the Python installation."""
     if shutil.which("runc") is None:
-        pytest.fail("runc is not installed: .ci/run installs it with apt")
+        pytest.fail("runc is not installed: `make test` installs it (tools/sysdeps.sh)")
     directory = Path(tempfile.mkdtemp(prefix="hetero-worker-test-"))
     directory.chmod(0o711)
     yield directory
@@ -131,7 +131,7 @@ def test_an_object_of_another_partition_is_not_found_in_this_sandbox(
 
 def test_the_same_worker_runs_under_gvisor(site: Path, keyring: FileKeyring) -> None:
     if shutil.which("runsc") is None:
-        pytest.fail("runsc is not installed: .ci/run installs it with apt")
+        pytest.fail("runsc is not installed: `make test` installs it (tools/sysdeps.sh)")
     store = PartitionStore(site / "partitions", "gvisor_part", keyring, "id-cards", "SM4-GCM")
     store.put("scan", CANARY)
     runtime = GvisorRuntime(site / "gvisor")

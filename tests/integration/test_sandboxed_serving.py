@@ -96,7 +96,7 @@ server:
 @pytest.fixture(scope="module")
 def site() -> Iterator[Path]:
     if shutil.which("runc") is None:
-        pytest.fail("runc is not installed: .ci/run installs it with apt")
+        pytest.fail("runc is not installed: `make test` installs it (tools/sysdeps.sh)")
     directory = Path(tempfile.mkdtemp(prefix="hetero-serving-sandbox-"))
     directory.chmod(0o711)
     FileKeyring.create(directory / "keyring.json", {"id-cards": 16, "petitions": 32})

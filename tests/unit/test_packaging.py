@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,14 @@ def test_hetero_is_a_namespace_without_code() -> None:
     assert importlib.util.find_spec("hetero.backends.npu") is not None
 
 
+def test_the_venv_imports_each_folder_in_place_so_a_new_module_needs_no_reinstall() -> None:
+    for folder in ("framework", "backends/cuda", "backends/npu", "cache", "sandbox", "models"):
+        spec = importlib.util.find_spec("hetero." + folder.replace("/", "."))
+        assert spec is not None and spec.submodule_search_locations is not None, folder
+        (location,) = spec.submodule_search_locations
+        assert Path(location).resolve() == REPO / folder
+
+
 def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.mkdir()
@@ -57,6 +66,7 @@ def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
             f"from setuptools import build_meta; build_meta.build_wheel({str(out)!r})",
         ],
         cwd=source,
+        env={k: v for k, v in os.environ.items() if k != "HETERO_METADATA_ONLY"},
         check=True,
         capture_output=True,
     )

@@ -1,0 +1,17 @@
+"""Machine-readable output: every command with ``--json`` (and ``hetero run``) prints through
+:func:`print_json`, so scripts and tests read data, never the tables drawn for people."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+
+__all__ = ["print_json"]
+
+
+def print_json(console: Console, payload: Any) -> None:
+    """Print ``payload`` as one indented JSON document, as is: no colour (not even under
+    ``FORCE_COLOR``), no markup or emoji codes, no wrapping at the terminal's width."""
+    console.out(json.dumps(payload, indent=2, ensure_ascii=False), highlight=False)
