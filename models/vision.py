@@ -106,7 +106,8 @@ class VisionEncoder(ModelStage):
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is one image's bytes; results are ``{"embedding": float32 [1280],
-        "labels": [[name, probability], ...] (top 5), "width", "height"}``."""
+        "labels": [[name, probability], ...] (top 5), "top1": ImageNet class index, "width",
+        "height"}``."""
         self.setup()
         size = INPUT_SIZE[variant]
         results: list[Any] = [None] * len(payloads)
@@ -130,6 +131,7 @@ class VisionEncoder(ModelStage):
             results[index] = {
                 "embedding": np.ascontiguousarray(embedding[row], dtype=np.float32),
                 "labels": [[self._labels[int(i)], float(probs[i])] for i in top],
+                "top1": int(top[0]),
                 "width": int(width),
                 "height": int(height),
             }

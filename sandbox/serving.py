@@ -1,25 +1,30 @@
-"""Running a policy's sensitive stages inside their partition's sandbox, for the server.
+"""Running a policy's sensitive stages inside their partition's sandbox, through the engine.
 
-For a stage with a ``partition``, :class:`SandboxedStages` hands the server a model class whose
-instances look like the stage's model (``read`` for OCR, ``transcribe`` for speech) but forward
-each input into the partition: sealed under a fresh data key, handed to the partition's
-long-lived sandbox worker, which decrypts and runs the real model inside. The runtime is chosen
-fail-closed from the policy (:func:`~hetero.sandbox.selection.choose_runtime`); a stage whose
-partition cannot be satisfied is not served at all. Sandbox starts and stops and every key use
-are audited through the :class:`~hetero.sandbox.gate.ComplianceGate`.
+For a stage with a ``partition``, :class:`SandboxedStages` gives the engine a stage plugin
+(:class:`SandboxedStage`) placed only on that partition's sandbox device
+(:mod:`hetero.sandbox.device`): each input is sealed into the partition under a fresh data key
+and handed to the partition's long-lived sandbox worker, which decrypts it and runs the real
+model inside. The runtime is chosen fail-closed from the policy
+(:func:`~hetero.sandbox.selection.choose_runtime`); a stage whose partition cannot be satisfied
+is not served at all. Sandbox starts and stops and every key use are audited through the
+:class:`~hetero.sandbox.gate.ComplianceGate`.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from hetero.framework import envs
+from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
+from hetero.framework.registry import Registry
+from hetero.framework.stage_plugin import GraphRunner, StagePlugin
 from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
+from hetero.sandbox.device import register_sandbox_devices, sandbox_device
 from hetero.sandbox.gate import ComplianceGate
 from hetero.sandbox.keys import open_key
 from hetero.sandbox.partition_store import PartitionStore
@@ -27,31 +32,11 @@ from hetero.sandbox.runtimes import SandboxRuntime
 from hetero.sandbox.sandboxed_worker import SandboxedWorker, WorkerLimits
 from hetero.sandbox.selection import build_runtimes, choose_runtime
 
-__all__ = ["SandboxedStages", "build_gate"]
+__all__ = ["SandboxedStage", "SandboxedStages", "build_gate"]
 
 FIRST_HOST_UID = 100_000
 UID_RANGE = 65_536
 SANDBOXED_KINDS = ("ocr", "asr")
-
-
-@dataclass(frozen=True, slots=True)
-class _Line:
-    text: str
-    confidence: float
-    box: list[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    text: str
-    lines: tuple[_Line, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Transcript:
-    text: str
-    duration_s: float
-    speech_s: float
 
 
 def build_gate(policy: Policy) -> ComplianceGate:
@@ -88,9 +73,13 @@ class SandboxedStages:
         names = sorted(policy.spec.partitions)
         self._uids = {name: FIRST_HOST_UID + UID_RANGE * i for i, name in enumerate(names)}
 
-    def model_class(self, stage: str, kind: str) -> type[Any]:
-        """A model class for ``stage`` that runs inside its partition's sandbox. Raises (with
-        what is missing) when the stage cannot be sandboxed here; never falls back."""
+    def register_devices(self, registry: Registry) -> None:
+        """Make every partition's sandbox a device of ``registry`` (this process only)."""
+        register_sandbox_devices(registry, self.policy.spec.partitions, self.limits.memory_bytes)
+
+    def plugin(self, stage: str, kind: str) -> SandboxedStage:
+        """The plugin that runs ``stage`` inside its partition's sandbox. Raises (with what is
+        missing) when the stage cannot be sandboxed here; never falls back."""
         partition_name = self.policy.spec.stages[stage].partition
         if partition_name is None:
             raise ValueError(f"stage {stage!r} has no partition")
@@ -105,20 +94,12 @@ class SandboxedStages:
         store = PartitionStore(
             self.partitions_dir, partition_name, keyring, key_name, partition.cipher
         )
-        owner, host_uid = self, self._uids[partition_name]
-
-        class Sandboxed(_SandboxedModel):
-            runtimes: ClassVar[tuple[str, ...]] = (f"sandbox:{runtime.name}",)
-
-            def __init__(self, **options: Any) -> None:
-                super().__init__(owner, stage, kind, runtime, store, host_uid)
-
-        Sandboxed.__name__ = f"Sandboxed_{stage}"
-        return Sandboxed
+        return SandboxedStage(self, stage, kind, runtime, store, self._uids[partition_name])
 
 
-class _SandboxedModel:
-    """One stage's model as seen from the server: inputs go to the sandbox worker."""
+class SandboxedStage(StagePlugin):
+    """A sensitive stage as the engine runs it: placed only on its partition's sandbox device,
+    it loads nothing on the host; each input goes to the partition's sandbox worker."""
 
     name: ClassVar[str] = "sandboxed"
 
@@ -148,18 +129,25 @@ class _SandboxedModel:
             extra_mounts=(owner.model_cache,),
             extra_env=(f"HETERO_MODEL_CACHE={owner.model_cache}",),
         )
+        self.device_ids = (sandbox_device(store.partition),)
         self._loaded = False
         self._lock = threading.Lock()
+
+    @property
+    def formats(self) -> tuple[GraphFormat, ...]:
+        return ()  # nothing is loaded on a host device
 
     @property
     def loaded(self) -> bool:
         """Whether the sandbox is up."""
         return self._loaded
 
-    def prepare(self) -> None:
-        """Prepared in :meth:`load`."""
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {}
 
-    def prepare_model(self) -> None:
+    def prepare(self) -> None:
         """Build the stage model's cached artefacts here, where the cache is writable."""
         from hetero.framework.registry import default_registry
 
@@ -170,13 +158,13 @@ class _SandboxedModel:
             raise RuntimeError(f"no {self.kind} model plugin is installed")
         model_class(cache_dir=self.owner.model_cache).prepare()
 
-    def load(self) -> None:
-        """Prepare the model's derived files on the host (exports, converted weights), then
-        start the partition's sandbox, which mounts them read-only and loads the model."""
+    def setup(self) -> None:
+        """Start the partition's sandbox, which mounts the prepared files read-only and loads
+        the model (after :meth:`prepare`)."""
         with self._lock:
             if self._loaded:
                 return
-            self.prepare_model()
+            self.prepare()
             self.worker.start()
             self._loaded = True
         self.owner.gate.record(
@@ -206,20 +194,14 @@ class _SandboxedModel:
             if not self.retain:
                 self.store.delete(object_id)
 
-    def read(self, image: bytes, variant: str = "full") -> _Read:
-        """OCR inside the sandbox."""
-        result = self._run(image, variant)
-        lines = tuple(
-            _Line(str(line["text"]), float(line["confidence"]), list(line["box"]))
-            for line in result.get("lines", [])
-        )
-        return _Read(str(result.get("text", "")), lines)
-
-    def transcribe(self, audio: bytes, variant: str = "full") -> _Transcript:
-        """Speech to text inside the sandbox."""
-        result = self._run(audio, variant)
-        return _Transcript(
-            str(result.get("text", "")),
-            float(result.get("duration_s", 0.0)),
-            float(result.get("speech_s", 0.0)),
-        )
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        """Each payload (image or audio bytes) runs inside the sandbox; results are what the
+        stage's model gives (``{"text", "lines"}`` for OCR, ``{"text", "duration_s",
+        "speech_s"}`` for speech)."""
+        results: list[Any] = []
+        for data in payloads:
+            try:
+                results.append(self._run(data, variant))
+            except Exception as err:  # a bad input fails its item; the worker lives on
+                results.append(err)
+        return results

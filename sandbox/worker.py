@@ -46,36 +46,26 @@ def _stage_handler(stage_name: str) -> Handler:
     if stage_name not in stages:
         raise SystemExit(f"no stage model {stage_name!r} (have: {', '.join(sorted(stages))})")
     model = stages[stage_name]()
-    model.load()
-    if hasattr(model, "read"):
+    model.load()  # on the sandbox's own host device, through the npu backend
 
-        def read(data: bytes, variant: str) -> dict[str, Any]:
-            result = model.read(data, variant=variant)
-            lines = [
-                {"text": line.text, "confidence": float(line.confidence), "box": _plain(line.box)}
-                for line in result.lines
-            ]
-            return {"text": result.text, "lines": lines}
+    def handle(data: bytes, variant: str) -> dict[str, Any]:
+        (result,) = model.run(model.runner, variant, [data])
+        if isinstance(result, BaseException):
+            raise result
+        if not isinstance(result, dict):
+            raise SystemExit(f"stage {stage_name!r} takes no image or audio input")
+        plain: dict[str, Any] = _plain(result)
+        return plain
 
-        return read
-    if hasattr(model, "transcribe"):
-
-        def transcribe(data: bytes, variant: str) -> dict[str, Any]:
-            result = model.transcribe(data, variant=variant)
-            return {
-                "text": result.text,
-                "duration_s": float(result.duration_s),
-                "speech_s": float(result.speech_s),
-            }
-
-        return transcribe
-    raise SystemExit(f"stage {stage_name!r} takes no image or audio input")
+    return handle
 
 
 def _plain(value: Any) -> Any:
     tolist = getattr(value, "tolist", None)
     if callable(tolist):
         return tolist()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
     return value

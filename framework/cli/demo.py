@@ -96,11 +96,11 @@ def run_demo(out: Console, err: Console, registry: Registry, policy_path: str) -
     import uvicorn
 
     from hetero.framework.cli.serve import compliance_for, load_with_progress
-    from hetero.framework.server import ServingRuntime, create_app
+    from hetero.framework.server import Serving, create_app
 
     policy = load_policy(policy_path)
     gate, sandboxes = compliance_for(policy)
-    runtime = ServingRuntime(policy, registry=registry, gate=gate, sandboxes=sandboxes)
+    runtime = Serving(policy, registry=registry, gate=gate, sandboxes=sandboxes)
     load_with_progress(runtime, err)
     port = _free_port()
     server = uvicorn.Server(
@@ -164,19 +164,18 @@ def _ms_pair(p50: float | None, p99: float | None) -> str:
 
 def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]]) -> None:
     hits: dict[str, float] = {}
-    stage_times: dict[str, list[float]] = defaultdict(list)
     for family in runtime.metrics.registry.collect():
         for sample in family.samples:
             if sample.name == "hetero_cache_hits_total":
                 hits[sample.labels["stage"]] = sample.value
-    del stage_times
     table = Table(title="Stages", title_justify="left")
     for column in (
         "stage",
         "model",
-        "runtime (timed at warm-up)",
-        "model calls",
-        "call p50 / p99",
+        "placed on (requests)",
+        "warm-up timing per device",
+        "batches",
+        "per item p50 / p99",
         "cache hits",
         "light variant",
         "sandboxed",
@@ -185,20 +184,22 @@ def _print_tables(out: Console, runtime: Any, latencies: dict[str, list[float]])
     for row in runtime.describe():
         timings = ", ".join(
             f"{name} {value * 1000:.0f} ms" if isinstance(value, float) else f"{name} n/a"
-            for name, value in row["runtime_timings_s"].items()
+            for name, value in row["warmup_timings_s"].items()
         )
+        placed = ", ".join(f"{device} ({count})" for device, count in row["placements"].items())
         table.add_row(
             row["stage"],
             row["model"],
-            f"{row['runtime']} ({timings or 'only one'})",
+            placed or row["resident_on"],
+            timings or "one device",
             str(row["batches"]),
-            _ms_pair(row["batch_p50_s"], row["batch_p99_s"]),
+            _ms_pair(row["item_p50_s"], row["item_p99_s"]),
             str(int(hits.get(row["stage"], 0))),
             str(row["light_runs"]),
             row["partition"] or "-",
         )
     for name, failure in runtime.failed.items():  # skipped: the reason stands in the row
-        table.add_row(name, "-", f"[red]not served[/]: {failure.reason}", *["-"] * 5)
+        table.add_row(name, "-", f"[red]not served[/]: {failure.reason}", *["-"] * 6)
     out.print(table)
     routes = Table(title="Requests (client-side latency)", title_justify="left")
     for column in ("request", "count", "p50", "p99"):

@@ -127,12 +127,12 @@ def run_serve(
     """
     import uvicorn
 
-    from hetero.framework.server import ServingRuntime, create_app
-    from hetero.framework.server.runtime import StagesFailedError
+    from hetero.framework.server import Serving, create_app
+    from hetero.framework.server.serving import StagesFailedError
 
     policy = load_policy(policy_path)
     gate, sandboxes = compliance_for(policy)
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy,
         registry=registry,
         probe_runtimes=probe,
@@ -224,7 +224,7 @@ def run_run(
     """One request through the full HTTP stack, in-process; prints the JSON answer."""
     from fastapi.testclient import TestClient
 
-    from hetero.framework.server import ServingRuntime, create_app
+    from hetero.framework.server import Serving, create_app
 
     path = Path(input_path)
     try:
@@ -235,7 +235,7 @@ def run_run(
         route = "/" + route
     policy = load_policy(policy_path)
     gate, sandboxes = compliance_for(policy)
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy, registry=registry, probe_runtimes=False, gate=gate, sandboxes=sandboxes
     )
     runtime.start()

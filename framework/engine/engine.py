@@ -124,6 +124,7 @@ class Engine:
         threads: Intra-op threads of each stage's graphs, by stage (policy ``server``).
         pinned: A runtime library per stage (policy ``server.runtimes``): the stage is placed
             only on devices of that runtime.
+        nice: A CPU priority per stage (policy ``server.nice``) for its lanes' threads.
         probe: Time each eligible device at warm-up (calibration), or trust the cost model.
     """
 
@@ -141,6 +142,7 @@ class Engine:
         metrics: Metrics | None = None,
         threads: Mapping[str, int] | None = None,
         pinned: Mapping[str, str] | None = None,
+        nice: Mapping[str, int] | None = None,
         probe: bool = True,
     ) -> None:
         self.policy = policy
@@ -152,6 +154,8 @@ class Engine:
             self.plugins.setdefault(stage, GraphStage(stage, variants))
         self._threads = dict(threads or {})
         self._pinned = dict(pinned or {})
+        self._nice = dict(nice or {})
+        self._unfit: dict[tuple[str, str], str] = {}  # (stage, device): why warm-up failed
         self.fleet = fleet or resolve_fleet(policy, registry)
         self.clock = WallClock()
         self.metrics = metrics or Metrics()
@@ -204,6 +208,8 @@ class Engine:
             return None
         if plugin.device_ids is not None and device_id not in plugin.device_ids:
             return None
+        if (stage, device_id) in self._unfit:
+            return None
         pin = self._pinned.get(stage)
         if pin is not None and device.properties.get("runtime") != pin:
             return None
@@ -254,7 +260,7 @@ class Engine:
         report = progress or (lambda stage, message: None)
         failed: dict[str, str] = {}
         for stage in stages if stages is not None else list(self.plugins):
-            if stop is not None and stop.is_set():
+            if self._stopping or (stop is not None and stop.is_set()):
                 break
             status = self.status[stage]
             if status.state == "ready":
@@ -277,11 +283,7 @@ class Engine:
         plugin = self.plugins[stage]
         plugin.prepare()
         plugin.setup()
-        formats = plugin.formats or (GraphFormat.ONNX,)
-        for variant in self.policy.spec.stages[stage].variants:
-            hint = combined_hint(plugin.graphs(str(variant), formats[0]))
-            with self._lock:
-                self.scheduler.set_hint(stage, str(variant), hint)
+        self._set_hints(stage)
         candidates = self.scheduler.runnable_devices(stage)
         if not candidates:
             reasons = self.scheduler.tables[f"{stage}/full"].costs.why_not
@@ -301,6 +303,9 @@ class Engine:
                     timings[device_id] = f"unavailable: {describe_failure(err)}"
                     logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
                     self.models[device_id].evict(key)
+                    self._unfit[(stage, device_id)] = str(timings[device_id])
+            if errors:  # placement leaves out the devices that could not run it
+                self._set_hints(stage)
             measured = [d for d in candidates if d not in errors]
             if not measured:
                 causes = {describe_failure(err) for err in errors.values()}
@@ -314,6 +319,16 @@ class Engine:
                 self.models[device_id].evict(key)
         self._preload(stage, best)
         return best
+
+    def _set_hints(self, stage: str) -> None:
+        """Cost ``stage`` by its plugin's graphs (the one source of its numbers), and
+        recompute where it can run."""
+        plugin = self.plugins[stage]
+        formats = plugin.formats or (GraphFormat.ONNX,)
+        for variant in self.policy.spec.stages[stage].variants:
+            hint = combined_hint(plugin.graphs(str(variant), formats[0]))
+            with self._lock:
+                self.scheduler.set_hint(stage, str(variant), hint)
 
     def _time(self, stage: str, device_id: str, probe: Any) -> float:
         """Load ``stage`` on ``device_id``, run the probe (the first run pays for lazy
@@ -712,6 +727,7 @@ class Engine:
                     self._inputs,
                     self.scheduler.batching_for,
                     self._on_batch,
+                    nice=self._nice.get(stage, 0),
                 )
                 self._lanes[(stage, device_id)] = lane
             return lane

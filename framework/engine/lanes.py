@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -66,6 +67,7 @@ class DeviceModels:
         self._users: dict[tuple[str, GraphFormat], set[str]] = {}
         self._key_of: dict[str, tuple[str, GraphFormat]] = {}
         self._loading: dict[tuple[str, GraphFormat], threading.Lock] = {}
+        self._closed = False
 
     def get(
         self, model_key: str, graph_format: GraphFormat, graphs: Callable[[], Mapping[str, Any]]
@@ -82,12 +84,22 @@ class DeviceModels:
                     self._users[key].add(model_key)
                     self._key_of[model_key] = key
                     return found, False
+            if self._is_closed():
+                raise RuntimeError(f"{self.device.id} is closed: nothing more is loaded")
             loaded = LoadedGraphs(self.backend, self.device.id, graphs())
             with self._lock:
-                self._loaded[key] = loaded
-                self._users[key] = {model_key}
-                self._key_of[model_key] = key
+                closed = self._is_closed()
+                if not closed:
+                    self._loaded[key] = loaded
+                    self._users[key] = {model_key}
+                    self._key_of[model_key] = key
+            if closed:  # closed while loading: give it straight back
+                loaded.unload()
+                raise RuntimeError(f"{self.device.id} closed while {model_key} was loading")
             return loaded, True
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     def evict(self, model_key: str) -> None:
         """Forget ``model_key``; its graphs are unloaded once no variant uses them."""
@@ -113,8 +125,9 @@ class DeviceModels:
             return model_key in self._key_of
 
     def close(self) -> None:
-        """Unload everything."""
+        """Unload everything; a load still running gives its graphs back when it ends."""
         with self._lock:
+            self._closed = True
             loaded = list(self._loaded.values())
             self._loaded.clear()
             self._users.clear()
@@ -136,8 +149,11 @@ class Lane:
         inputs_for: Callable[[Dispatch], tuple[bool, Any]],
         batching_for: Callable[[str], tuple[int, float]],
         report: Callable[[list[BatchOutcome]], None],
+        nice: int = 0,
     ) -> None:
         self.stage = stage
+        self.nice = nice
+        self.running: list[Any] = []  # payloads of the batch being run, for stop()
         self.plugin = plugin
         self.graph_format = graph_format
         self.models = models
@@ -154,8 +170,13 @@ class Lane:
         self._thread.start()
 
     def stop(self) -> None:
-        """Finish what is queued, then end the thread."""
+        """Finish what is queued, ask a running stream to stop (its ``stop`` event), then end
+        the thread."""
         self.inbox.put(None)
+        for payload in list(self.running):
+            stop = getattr(payload, "stop", None)
+            if isinstance(stop, threading.Event):
+                stop.set()
         self._thread.join()
 
     def _timeout(self) -> float:
@@ -163,6 +184,13 @@ class Lane:
         return max(0.0, min(due) - time.monotonic()) if due else IDLE_POLL_S
 
     def _loop(self) -> None:
+        if self.nice:
+            # Linux schedules threads as tasks: a heavy stage's lanes yield the CPU to light
+            # stages and to the HTTP loop without a queue of their own having to wait.
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except OSError as err:
+                logger.warning("%s: cannot lower lane priority: %s", self._thread.name, err)
         running = True
         while running or any(len(b) for b in self._batchers.values()):
             if running:
@@ -230,8 +258,9 @@ class Lane:
             logger.warning("%s: loading %s failed: %s", self.device.id, model_key, err)
             return outcomes + [BatchOutcome(d, None, err, 0.0, len(live), started) for d, _ in live]
         began = time.perf_counter()
+        self.running = [payload for _, payload in live]
         try:
-            results = self.plugin.run(runner, variant, [payload for _, payload in live])
+            results = self.plugin.run(runner, variant, self.running)
             if len(results) != len(live):
                 raise RuntimeError(
                     f"stage {self.stage}: run() gave {len(results)} results for {len(live)} items"

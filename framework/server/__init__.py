@@ -1,19 +1,17 @@
-"""The HTTP API: OpenAI-compatible and modality routes over per-stage queues of real models.
+"""The HTTP API: OpenAI-compatible and modality routes over the engine's stages.
 
-``create_app(ServingRuntime(policy))`` builds the FastAPI app; ``hetero serve`` runs it on
-uvicorn. See docs/serving.md.
+``create_app(Serving(policy))`` builds the FastAPI app; ``hetero serve`` runs it on uvicorn.
+See docs/serving.md and docs/architecture.md.
 """
 
 from hetero.framework.server.app import create_app
 from hetero.framework.server.auth import Caller, KeyRing, hash_key
-from hetero.framework.server.gate import ComplianceGate
-from hetero.framework.server.runtime import ServingRuntime, StageRun
+from hetero.framework.server.serving import Serving, StageRun
 
 __all__ = [
     "Caller",
-    "ComplianceGate",
     "KeyRing",
-    "ServingRuntime",
+    "Serving",
     "StageRun",
     "create_app",
     "hash_key",

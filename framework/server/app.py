@@ -1,4 +1,4 @@
-"""The FastAPI application over a :class:`ServingRuntime`."""
+"""The FastAPI application over a :class:`Serving`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hetero.framework.server import routes_modal, routes_openai, routes_ops, rou
 from hetero.framework.server.auth import KeyRing
 from hetero.framework.server.errors import install_error_handlers
 from hetero.framework.server.middleware import BodyLimit, RequestMetrics
-from hetero.framework.server.runtime import ServingRuntime
+from hetero.framework.server.serving import Serving
 
 __all__ = ["create_app", "device_list"]
 
@@ -33,7 +33,7 @@ def device_list(registry: Registry | None) -> list[dict[str, Any]]:
     return [device.to_dict() for device in found]
 
 
-def create_app(runtime: ServingRuntime, *, registry: Registry | None = None) -> FastAPI:
+def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI:
     """The HTTP API; the runtime may still be loading (``/ready`` says 503 until it is)."""
     spec = runtime.spec
     app = FastAPI(title="hetero", version="0.1.0", docs_url=None, redoc_url=None)

@@ -1,4 +1,4 @@
-"""Per-request dependencies: the runtime and the caller, taken from the app's state."""
+"""Per-request dependencies: the serving facade and the caller, taken from the app's state."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Annotated, cast
 from fastapi import Depends, Request
 
 from hetero.framework.server.auth import Caller, KeyRing
-from hetero.framework.server.runtime import ServingRuntime
+from hetero.framework.server.serving import Serving
 
 __all__ = ["CallerDep", "caller_of", "runtime_of"]
 
 
-def runtime_of(request: Request) -> ServingRuntime:
-    """The serving runtime of the app."""
-    return cast(ServingRuntime, request.app.state.runtime)
+def runtime_of(request: Request) -> Serving:
+    """The app's :class:`Serving` (the engine's stages, as the routes see them)."""
+    return cast(Serving, request.app.state.runtime)
 
 
 async def caller_of(request: Request) -> Caller:

@@ -7,8 +7,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hetero.framework.engine import Metrics
 from hetero.framework.server.errors import APIError, error_response
-from hetero.framework.server.metrics import ServerMetrics
 
 __all__ = ["BodyLimit", "RequestMetrics"]
 
@@ -54,7 +54,7 @@ class RequestMetrics:
     """``hetero_requests_total{route,status}`` and ``hetero_request_duration_seconds{route}``,
     labelled by the matched route's template (never the raw path)."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -76,5 +76,5 @@ class RequestMetrics:
         finally:
             route: Any = scope.get("route")
             label = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(label, str(status)).inc()
-            self.metrics.request_duration.labels(label).observe(time.monotonic() - began)
+            self.metrics.http_requests.labels(label, str(status)).inc()
+            self.metrics.http_duration.labels(label).observe(time.monotonic() - began)

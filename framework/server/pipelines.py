@@ -14,7 +14,7 @@ from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.media import audio_seconds, image_size
-from hetero.framework.server.runtime import ServingRuntime, StageRun
+from hetero.framework.server.serving import Serving, StageRun
 
 __all__ = ["PipelineInputs", "describe_image", "image_context", "run_pipeline"]
 
@@ -58,7 +58,7 @@ def image_context(labels: Sequence[Sequence[Any]] | None, text: str | None) -> s
 
 
 async def describe_image(
-    rt: ServingRuntime,
+    rt: Serving,
     image: bytes,
     caller: Caller,
     request_id: str,
@@ -102,7 +102,7 @@ def _need(value: Any, what: str, pipeline: str) -> Any:
 
 
 async def _step(
-    rt: ServingRuntime,
+    rt: Serving,
     pipeline: str,
     stage_name: str,
     inputs: PipelineInputs,
@@ -194,7 +194,7 @@ async def _step(
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n".join([*context, question])},
     ]
-    llm_model = stage.model
+    llm_model = stage.plugin
     prompt_tokens = int(await asyncio.to_thread(llm_model.chat_prompt_tokens, messages))
     if prompt_tokens > rt.limits.max_input_tokens:
         raise APIError(
@@ -220,7 +220,7 @@ async def _step(
 
 
 async def run_pipeline(
-    rt: ServingRuntime, name: str, inputs: PipelineInputs, caller: Caller, request_id: str
+    rt: Serving, name: str, inputs: PipelineInputs, caller: Caller, request_id: str
 ) -> PipelineResult:
     """Run pipeline ``name`` (or a single stage of that name) of the policy."""
     pipeline = rt.policy.pipelines.get(name)

@@ -21,7 +21,7 @@ from hetero.framework.server.errors import APIError
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import decode_base64, image_size
 from hetero.framework.server.pipelines import PipelineInputs, run_pipeline
-from hetero.framework.server.runtime import ServingRuntime
+from hetero.framework.server.serving import Serving
 
 __all__ = ["router"]
 
@@ -44,7 +44,7 @@ class _PeerVision(BaseModel):
     image_b64: str = Field(min_length=1)
 
 
-def _max_tokens(rt: ServingRuntime, asked: int | None) -> int:
+def _max_tokens(rt: Serving, asked: int | None) -> int:
     value = asked or 64
     if value > rt.limits.max_output_tokens:
         raise APIError(
@@ -89,7 +89,7 @@ async def _media_request(request: Request, field: str) -> PipelineInputs:
     return inputs
 
 
-def _route_target(rt: ServingRuntime, path: str, default: str) -> str:
+def _route_target(rt: Serving, path: str, default: str) -> str:
     return str(rt.spec.routes.get(path, default))
 
 
@@ -183,15 +183,4 @@ async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
         profile=RequestProfile(image_pixels=width * height),
     )
     embedding = value["embedding"]
-    return FastJSONResponse({"embedding": embedding, "top1": _top1(stage.model, value)})
-
-
-def _top1(model: Any, value: dict[str, Any]) -> int:
-    names = getattr(model, "_labels", None)
-    if not value["labels"] or names is None:
-        return -1
-    index = getattr(model, "_hetero_label_index", None)
-    if index is None:
-        index = {str(name): i for i, name in enumerate(names)}
-        model._hetero_label_index = index
-    return int(index.get(str(value["labels"][0][0]), -1))
+    return FastJSONResponse({"embedding": embedding, "top1": int(value["top1"])})

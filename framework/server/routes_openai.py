@@ -31,7 +31,7 @@ from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
-from hetero.framework.server.runtime import ServingRuntime, StageRun, StageRuntime
+from hetero.framework.server.serving import ServedStage, Serving, StageRun
 
 __all__ = ["router"]
 
@@ -40,7 +40,7 @@ CHARS_PER_TOKEN_BOUND = 32  # no tokenizer here packs more than 32 characters in
 router = APIRouter()
 
 
-def _check_model(rt: ServingRuntime, kind: str, model: str, param: str = "model") -> StageRuntime:
+def _check_model(rt: Serving, kind: str, model: str, param: str = "model") -> ServedStage:
     stage = rt.stage_of_kind(kind)
     accepted = {rt.model_id(stage), stage.name, stage.config.model_version}
     if model not in accepted:
@@ -70,7 +70,7 @@ async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
             "created": created,
             "owned_by": "hetero",
             "stage": stage.name,
-            "runtime": stage.runtime,
+            "device": rt.placed_on(stage.name),
         }
         for stage in rt.stages.values()
     ]
@@ -78,7 +78,7 @@ async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
 
 
 async def _chat_messages(
-    rt: ServingRuntime, body: ChatRequest, caller: Caller, request_id: str
+    rt: Serving, body: ChatRequest, caller: Caller, request_id: str
 ) -> tuple[list[dict[str, str]], list[StageRun]]:
     messages: list[dict[str, str]] = []
     runs: list[StageRun] = []
@@ -148,7 +148,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
             param="messages",
             code="context_length_exceeded",
         )
-    prompt_tokens = int(await asyncio.to_thread(stage.model.chat_prompt_tokens, messages))
+    prompt_tokens = int(await asyncio.to_thread(stage.plugin.chat_prompt_tokens, messages))
     if prompt_tokens > limits.max_input_tokens:
         raise APIError(
             400,
@@ -290,7 +290,7 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
                 param="input",
                 code="context_length_exceeded",
             )
-        count = int(await asyncio.to_thread(stage.model.count_tokens, text))
+        count = int(await asyncio.to_thread(stage.plugin.count_tokens, text))
         if count > rt.limits.max_input_tokens:
             raise APIError(
                 400,

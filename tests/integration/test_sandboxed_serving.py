@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.samples import text_page_png
-from hetero.framework.server import ServingRuntime, create_app
+from hetero.framework.server import Serving, create_app
 from hetero.sandbox.audit import verify
 from hetero.sandbox.keyring import FileKeyring
 from hetero.sandbox.serving import SandboxedStages, build_gate
@@ -108,7 +108,7 @@ def site() -> Iterator[Path]:
 def client(site: Path) -> Iterator[TestClient]:
     policy = site_policy(site)
     gate = build_gate(policy)
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy, gate=gate, sandboxes=SandboxedStages(policy, gate), probe_runtimes=False
     )
     runtime.start()
@@ -139,7 +139,7 @@ def test_ocr_runs_in_the_sandbox_and_the_answer_is_masked(client: TestClient, si
     assert "HETERO2026" in text.upper()
     assert "138****5678" in text and MOBILE not in text  # officers are not cleared for mobiles
     (stage,) = response.json()["hetero"]["stages"]  # type: ignore[attr-defined]
-    assert stage["runtime"] == "sandbox:runc"
+    assert stage["device"] == "sandbox:id_cards"  # placed on its partition's sandbox
     # the image went into the partition sealed, and was deleted after use (no retention)
     files = [p for p in site.rglob("*") if p.is_file()]
     assert not [p for p in files if PAGE in p.read_bytes()]

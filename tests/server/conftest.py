@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from hetero.framework.policy import Policy, load_policy, load_policy_text
-from hetero.framework.server import ServingRuntime, create_app, hash_key
+from hetero.framework.server import Serving, create_app, hash_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fakes import FAKE_STAGES
@@ -106,17 +106,21 @@ class DenyAnalysts:
 
 
 class InProcessSandboxes:
-    """A test double, NOT a sandbox: hands back the fake stage class itself so the HTTP layer's
-    401/403/masking can be tested without runc. The real provider is
-    hetero.sandbox.serving.SandboxedStages (tests/integration/test_sandboxed_serving.py)."""
+    """A test double, NOT a sandbox: hands back the fake stage plugin itself (placed on the
+    host's devices) so the HTTP layer's 401/403/masking can be tested without runc. The real
+    provider is hetero.sandbox.serving.SandboxedStages (tests/integration/
+    test_sandboxed_serving.py)."""
 
-    def model_class(self, stage: str, kind: str) -> type[Any]:
-        return FAKE_STAGES[kind]  # type: ignore[no-any-return]
+    def register_devices(self, registry: Any) -> None:
+        pass
+
+    def plugin(self, stage: str, kind: str) -> Any:
+        return FAKE_STAGES[kind]()
 
 
 @pytest.fixture(scope="session")
-def fake_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingRuntime]:
-    runtime = ServingRuntime(
+def fake_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
+    runtime = Serving(
         load_policy("builtin:default"),
         stage_models=FAKE_STAGES,
         cache_directory=tmp_path_factory.mktemp("fake-cache"),
@@ -127,14 +131,14 @@ def fake_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServingRu
 
 
 @pytest.fixture(scope="session")
-def fake_server(fake_runtime: ServingRuntime) -> Iterator[ServerThread]:
+def fake_server(fake_runtime: Serving) -> Iterator[ServerThread]:
     with ServerThread(create_app(fake_runtime)) as server:
         yield server
 
 
 @pytest.fixture(scope="session")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    runtime = ServingRuntime(
+    runtime = Serving(
         keyed_policy(),
         stage_models=FAKE_STAGES,
         gate=DenyAnalysts(),
@@ -156,7 +160,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThre
     missing = sorted(set(KINDS) - set(found))
     if missing:
         pytest.fail(f"real model stages missing (make venv installs them): {missing}")
-    runtime = ServingRuntime(
+    runtime = Serving(
         load_policy("builtin:default"), cache_directory=tmp_path_factory.mktemp("real-cache")
     )
     with ServerThread(create_app(runtime, registry=default_registry())) as server:

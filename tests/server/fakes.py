@@ -1,39 +1,47 @@
-"""Small fake model stages with the real stages' shapes, for fast HTTP-layer tests."""
+"""Fake stage plugins with the real stages' result shapes, for fast HTTP-layer tests.
+
+They are NOT models: they load no graphs and compute nothing real. They still run through the
+real engine (placement, lanes, admission, queues) on the real npu devices of this host.
+"""
 
 from __future__ import annotations
 
 import io
 import wave
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import zlib
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from hetero.framework.errors import InvalidInputError
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.stage_plugin import Generation, GraphRunner, StagePlugin
 
 
-class _Fake:
+class _Fake(StagePlugin):
     name: ClassVar[str]
-    runtimes: ClassVar[tuple[str, ...]] = ("onnxruntime",)
 
-    def __init__(self, *, runtime: str = "onnxruntime", cache_dir: Any = None, threads: int = 1):
-        self.runtime = runtime
-        self._loaded = False
+    def __init__(self, *, cache_dir: Any = None) -> None:
         self.calls = 0
 
-    def prepare(self) -> None:
-        pass
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {}
 
-    def load(self) -> None:
-        self._loaded = True
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        self.calls += 1
+        results: list[Any] = []
+        for payload in payloads:
+            try:
+                results.append(self.one(variant, payload))
+            except Exception as err:
+                results.append(err)
+        return results
 
-    @property
-    def loaded(self) -> bool:
-        return self._loaded
-
-    def close(self) -> None:
-        self._loaded = False
+    def one(self, variant: str, payload: Any) -> Any:
+        raise NotImplementedError
 
 
 def _check_image(data: bytes) -> tuple[int, int]:
@@ -47,103 +55,71 @@ def _check_image(data: bytes) -> tuple[int, int]:
         raise InvalidInputError(f"image: cannot decode: {err}") from err
 
 
-@dataclass
-class VisionResult:
-    embedding: np.ndarray
-    labels: tuple[tuple[str, float], ...]
-    width: int
-    height: int
-
-
 class FakeVision(_Fake):
     name = "vision_encode"
-    runtimes = ("onnxruntime", "openvino")
-    _labels: ClassVar[list[str]] = ["tabby cat", "espresso"]
+    batchable = True
 
-    def encode(self, images: Sequence[bytes], variant: str = "full") -> list[VisionResult]:
-        self.calls += 1
-        out = []
-        for data in images:
-            width, height = _check_image(data)
-            out.append(
-                VisionResult(np.ones(1280, np.float32), (("tabby cat", 0.9),), width, height)
-            )
-        return out
-
-
-@dataclass
-class OcrLine:
-    text: str
-    confidence: float
-    box: tuple[tuple[float, float], ...]
-
-
-@dataclass
-class OcrResult:
-    text: str
-    lines: tuple[OcrLine, ...]
+    def one(self, variant: str, payload: Any) -> Any:
+        width, height = _check_image(payload)
+        return {
+            "embedding": np.ones(1280, np.float32),
+            "labels": [["tabby cat", 0.9]],
+            "top1": 0,
+            "width": width,
+            "height": height,
+        }
 
 
 class FakeOcr(_Fake):
     name = "ocr"
 
-    def read(self, image: bytes, variant: str = "full") -> OcrResult:
-        _check_image(image)
-        line = OcrLine("HELLO", 0.99, ((0, 0), (1, 0), (1, 1), (0, 1)))
-        return OcrResult("HELLO", (line,))
-
-
-@dataclass
-class Transcript:
-    text: str
-    duration_s: float
-    speech_s: float
+    def one(self, variant: str, payload: Any) -> Any:
+        _check_image(payload)
+        box = [[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]]
+        return {"text": "HELLO", "lines": [{"text": "HELLO", "confidence": 0.99, "box": box}]}
 
 
 class FakeAsr(_Fake):
     name = "asr"
 
-    def transcribe(self, audio: bytes, variant: str = "full") -> Transcript:
+    def one(self, variant: str, payload: Any) -> Any:
         try:
-            with wave.open(io.BytesIO(audio)) as wav:
+            with wave.open(io.BytesIO(payload)) as wav:
                 seconds = wav.getnframes() / wav.getframerate()
         except Exception as err:
             raise InvalidInputError(f"audio: cannot decode: {err}") from err
-        return Transcript("hello world", seconds, seconds)
-
-
-@dataclass
-class Speech:
-    samples: np.ndarray
-    sample_rate: int
-
-    def wav_bytes(self) -> bytes:
-        out = io.BytesIO()
-        with wave.open(out, "wb") as wav:
-            wav.setnchannels(1)
-            wav.setsampwidth(2)
-            wav.setframerate(self.sample_rate)
-            wav.writeframes((self.samples * 32767).astype("<i2").tobytes())
-        return out.getvalue()
+        return {"text": "hello world", "duration_s": seconds, "speech_s": seconds}
 
 
 class FakeTts(_Fake):
     name = "tts"
 
-    def synthesize(self, text: str, *, speed: float = 1.0) -> Speech:
-        return Speech(np.zeros(int(16000 * 0.05 * len(text.split())), np.float32), 16000)
+    def one(self, variant: str, payload: Any) -> Any:
+        text, _speed = payload
+        samples = np.zeros(int(16000 * 0.05 * len(text.split())), np.float32)
+        out = io.BytesIO()
+        with wave.open(out, "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(16000)
+            wav.writeframes((samples * 32767).astype("<i2").tobytes())
+        return out.getvalue()
 
 
 class FakeEmbed(_Fake):
     name = "text_embed"
+    batchable = True
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
+    def items(self, payload: Any) -> int:
+        return max(1, len(payload))
+
+    def one(self, variant: str, payload: Any) -> Any:
+        if not payload:
             raise InvalidInputError("no texts")
-        out = np.zeros((len(texts), 384), np.float32)
-        for row, text in enumerate(texts):
+        out = np.zeros((len(payload), 384), np.float32)
+        for row, text in enumerate(payload):
             for word in text.lower().split():
-                out[row, hash(word) % 384] += 1.0
+                out[row, zlib.crc32(word.encode()) % 384] += 1.0
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.where(norms == 0, 1, norms)
 
@@ -154,16 +130,26 @@ class FakeEmbed(_Fake):
 class FakeLlm(_Fake):
     name = "llm_generate"
 
-    def generate(
-        self,
-        messages: Sequence[Mapping[str, str]],
-        *,
-        max_tokens: int = 128,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> Iterator[str]:
+    def one(self, variant: str, payload: Any) -> Any:
+        job: Generation = payload
         words = ["The", " image", " shows", " a", " cat", "."] * 50
-        yield from words[:max_tokens]
+        limit = min(job.max_tokens, 16) if variant == "light" else job.max_tokens
+        pieces = []
+        stopped = False
+        for word in words[:limit]:
+            if job.stop.is_set():
+                stopped = True
+                break
+            pieces.append(word)
+            job.on_piece(word)
+        finish = "length" if len(pieces) >= limit else "stop"
+        text = "".join(pieces)
+        return {
+            "text": text,
+            "completion_tokens": len(pieces),
+            "finish_reason": finish,
+            "stopped": stopped,
+        }
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import wave
 from typing import Any
 
@@ -16,6 +17,9 @@ from conftest import ServerThread
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero.framework.samples import text_page_png
+
+OPENVINO_CPU = "npu:openvino/CPU"
+ORT_CPU = "npu:onnxruntime/CPUExecutionProvider"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +39,27 @@ def test_ops_routes(http: httpx.Client) -> None:
     models = {m["id"] for m in http.get("/v1/models").json()["data"]}
     assert {"smollm2-135m-instruct", "all-minilm-l6-v2", "whisper-tiny.en"} <= models
     stages = {s["stage"]: s for s in http.get("/v1/devices").json()["stages"]}
-    assert stages["text_embed"]["runtime"]
+    assert stages["text_embed"]["resident_on"] in (OPENVINO_CPU, ORT_CPU)
+
+
+def test_the_scheduler_places_by_calibrated_cost_and_says_where(http: httpx.Client) -> None:
+    stages = {s["stage"]: s for s in http.get("/v1/devices").json()["stages"]}
+    timings = stages["text_embed"]["warmup_timings_s"]
+    assert isinstance(timings[OPENVINO_CPU], float) and isinstance(timings[ORT_CPU], float)
+    fastest = min((OPENVINO_CPU, ORT_CPU), key=lambda device: timings[device])
+    assert stages["text_embed"]["resident_on"] == fastest  # placed by its calibrated cost
+    body = {"model": "all-minilm-l6-v2", "input": ["Where did this run?"]}
+    response = http.post("/v1/embeddings", json=body)
+    (run,) = json.loads(response.headers["X-Hetero-Stages"])
+    assert run["stage"] == "text_embed" and run["device"] in (OPENVINO_CPU, ORT_CPU)
+    placed = {
+        sample.labels["device"]: sample.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        if family.name == "hetero_placements"
+        for sample in family.samples
+        if sample.labels.get("stage") == "text_embed" and sample.name.endswith("_total")
+    }
+    assert placed.get(run["device"], 0) >= 1
 
 
 def test_embeddings_related_closer_than_unrelated(client: Any) -> None:

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 
 from hetero.framework.errors import MissingProgramError
 from hetero.framework.policy import Policy, load_policy_text
-from hetero.framework.server import ServingRuntime, create_app
-from hetero.framework.server.runtime import StagesFailedError
+from hetero.framework.server import Serving, create_app
+from hetero.framework.server.serving import StagesFailedError
 from hetero.models.embed import TextEmbedder
 from hetero.models.tts import SpeechSynthesizer
 
@@ -71,7 +71,7 @@ def broken_voice(folder: Path) -> type[SpeechSynthesizer]:
 @pytest.fixture
 def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Any, TestClient]]:
     tts = broken_voice(tmp_path) if request.param == "broken" else SpeechSynthesizer
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy(), stage_models={"text_embed": TextEmbedder, "tts": tts}, probe_runtimes=False
     )
     runtime.start()
@@ -114,7 +114,7 @@ def test_missing_espeak_names_the_package(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", str(tmp_path))  # a real PATH with no espeak-ng on it
     with pytest.raises(MissingProgramError, match="apt-get install espeak-ng"):
         SpeechSynthesizer().load()
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy(),
         stage_models={"text_embed": TextEmbedder, "tts": SpeechSynthesizer},
         probe_runtimes=False,
@@ -133,7 +133,7 @@ def test_missing_espeak_names_the_package(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_require_all_stages_fails_start_up(tmp_path: Path) -> None:
-    runtime = ServingRuntime(
+    runtime = Serving(
         policy(),
         stage_models={"text_embed": TextEmbedder, "tts": broken_voice(tmp_path)},
         probe_runtimes=False,

@@ -1,0 +1,614 @@
+"""What the HTTP routes need from the engine: the policy's stages by kind, each call through
+:meth:`Engine.submit_stage`, the feature cache in front, access checks and masking around.
+
+:class:`Serving` builds the stage plugins (a sensitive stage's plugin comes from the sandbox
+provider and is placed only on its partition's sandbox), then, in :meth:`start`, builds the
+engine and warms every stage up (prepare, set up, calibrate each eligible device, place). It
+runs no model and owns no queue or thread of its own: every model call is the engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from hetero.cache.feature_cache import FeatureCache
+from hetero.cache.keys import feature_key
+from hetero.framework.engine import AccessGate, Engine, Metrics, StageStatus
+from hetero.framework.errors import HeteroError
+from hetero.framework.policy import Policy
+from hetero.framework.policy.schema import StageConfig
+from hetero.framework.registry import Registry, default_registry
+from hetero.framework.scheduler.breakers import RequestProfile
+from hetero.framework.server.auth import Caller
+from hetero.framework.server.errors import APIError
+from hetero.framework.server.stages import discover_stage_models, stage_kind
+from hetero.framework.stage_plugin import Generation, StagePlugin
+
+__all__ = [
+    "SandboxProvider",
+    "ServedStage",
+    "Serving",
+    "StageFailure",
+    "StageRun",
+    "StagesFailedError",
+]
+
+logger = logging.getLogger(__name__)
+
+CACHED_KINDS = frozenset({"vision_encode", "ocr", "asr", "text_embed"})
+Progress = Callable[[str, str], None]
+
+
+class SandboxProvider(Protocol):
+    """Gives the plugin that runs a sensitive stage inside its partition's sandbox, and the
+    sandbox devices to place it on (``hetero.sandbox.serving.SandboxedStages``)."""
+
+    def register_devices(self, registry: Registry) -> None:
+        """Add the partitions' sandboxes to ``registry`` as devices."""
+        ...
+
+    def plugin(self, stage: str, kind: str) -> StagePlugin:
+        """The sandboxed plugin of ``stage``; raises, saying what is missing, when the stage
+        cannot be sandboxed here."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServedStage:
+    """A policy stage the server answers with."""
+
+    name: str
+    kind: str
+    config: StageConfig
+    plugin: Any
+
+    @property
+    def sensitive(self) -> bool:
+        """Whether the stage touches a data partition."""
+        return self.config.partition is not None
+
+
+@dataclass(frozen=True, slots=True)
+class StageFailure:
+    """Why a stage could not be served."""
+
+    kind: str
+    reason: str
+
+
+class StagesFailedError(HeteroError):
+    """Start-up asked for every stage and some could not load."""
+
+    def __init__(self, failed: Mapping[str, StageFailure]) -> None:
+        self.failed = dict(failed)
+        super().__init__(f"stages that could not load: {', '.join(sorted(failed))}")
+
+
+@dataclass(frozen=True, slots=True)
+class StageRun:
+    """How a stage answered one request (reported to the client)."""
+
+    stage: str
+    device: str
+    variant: str
+    cached: bool = False
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        out: dict[str, Any] = {
+            "stage": self.stage,
+            "device": self.device,
+            "variant": self.variant,
+            "cached": self.cached,
+        }
+        if self.reason:
+            out["degraded_because"] = self.reason
+        return out
+
+
+class Serving:
+    """The policy's stages, served through one engine.
+
+    Args:
+        policy: The policy served.
+        stage_models: {kind: plugin class}; by default the ``stage_model`` plugins.
+        registry: Where backends and plugins are found (the process-wide one by default).
+        gate: Access checks and masking for stages with a partition.
+        sandboxes: Runs stages with a partition inside the partition's sandbox. Without it
+            those stages are not served: sensitive media never reach an unsandboxed model.
+        model_cache_dir: Where models keep derived artefacts.
+        cache_directory: The feature cache's disk tier directory (the policy's by default).
+        use_cache: Whether stage outputs are cached at all.
+        probe_runtimes: Whether warm-up times every eligible device (calibration).
+        require_all_stages: Fail start-up when any stage cannot load, instead of serving
+            the others.
+        metrics: Where to count (a fresh registry by default).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        stage_models: Mapping[str, Any] | None = None,
+        registry: Registry | None = None,
+        gate: AccessGate | None = None,
+        sandboxes: SandboxProvider | None = None,
+        model_cache_dir: Path | None = None,
+        cache_directory: Path | None = None,
+        use_cache: bool = True,
+        probe_runtimes: bool = True,
+        require_all_stages: bool = False,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.policy = policy
+        self.spec = policy.spec
+        self.server = policy.spec.server
+        self.limits = self.server.limits
+        self.gate = gate
+        self.sandboxes = sandboxes
+        self.metrics = metrics or Metrics()
+        self.require_all_stages = require_all_stages
+        self._registry = registry or default_registry()
+        self._stage_models = dict(stage_models) if stage_models is not None else None
+        self._model_cache_dir = model_cache_dir
+        self._cache_directory = Path(cache_directory) if cache_directory is not None else None
+        self._use_cache = use_cache
+        self._probe = probe_runtimes
+        self.cache: FeatureCache | None = None
+        self.engine: Engine | None = None
+        self.stages: dict[str, ServedStage] = {}  # the ready ones; swapped whole
+        self.unserved: dict[str, str] = {}
+        self.failed: dict[str, StageFailure] = {}
+        self._planned: dict[str, ServedStage] = {}
+        self._ready = threading.Event()
+        self._loaded = threading.Event()
+        self._closing = threading.Event()
+        self._close_lock = threading.Lock()
+        self.started_at = time.time()
+        self.load_s = 0.0
+
+    # --- start-up ------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Whether loading has ended and at least one stage serves."""
+        return self._ready.is_set()
+
+    @property
+    def loading(self) -> bool:
+        """Whether start-up is still loading models."""
+        return not self._loaded.is_set()
+
+    def plan(self) -> list[tuple[str, str]]:
+        """(stage, kind) of every stage that has a model plugin, in policy order."""
+        classes = self._classes()
+        out = []
+        for name, config in self.spec.stages.items():
+            kind = stage_kind(name, config)
+            if kind is None or kind not in classes:
+                self._unserve(name, "no model" if kind is None else f"no {kind} model plugin")
+                continue
+            out.append((name, kind))
+        return out
+
+    def _classes(self) -> dict[str, Any]:
+        if self._stage_models is None:
+            self._stage_models = discover_stage_models(self._registry)
+        return self._stage_models
+
+    def _unserve(self, name: str, reason: str) -> None:
+        self.unserved = {**self.unserved, name: reason}
+
+    def _plugin(self, name: str, kind: str) -> Any:
+        """The plugin that runs stage ``name`` (None, with the reason in :attr:`unserved`,
+        when a sensitive stage cannot be sandboxed: never an unsandboxed fallback)."""
+        partition = self.spec.stages[name].partition
+        if partition is None:
+            return self._classes()[kind](cache_dir=self._model_cache_dir)
+        if self.sandboxes is None:
+            self._unserve(name, f"touches partition {partition!r} and no sandbox is configured")
+            return None
+        try:
+            return self.sandboxes.plugin(name, kind)
+        except Exception as err:
+            self._unserve(name, f"partition {partition!r} cannot be sandboxed here: {err}")
+            logger.warning("stage %s not served: %s", name, self.unserved[name])
+            return None
+
+    def start(self, progress: Progress | None = None) -> None:
+        """Build the engine and warm every stage up; then the server is ready.
+
+        A stage that cannot load is logged (one line: the stage, the cause and the fix where
+        one is known), kept in :attr:`failed` and not served; the others are. With
+        ``require_all_stages`` the first failure ends start-up with :class:`StagesFailedError`.
+        """
+        began = time.monotonic()
+        report = progress or (lambda stage, message: None)
+        if self._use_cache and self.spec.cache.enabled:
+            self.cache = FeatureCache(self.spec.cache, directory=self._cache_directory)
+        for name, kind in self.plan():
+            plugin = self._plugin(name, kind)
+            if plugin is not None:
+                self._planned[name] = ServedStage(name, kind, self.spec.stages[name], plugin)
+        if self.sandboxes is not None and any(s.sensitive for s in self._planned.values()):
+            self.sandboxes.register_devices(self._registry)
+        threads = {
+            name: self.server.model_threads.get(name, self.server.threads_per_model)
+            for name in self._planned
+        }
+        engine = self.engine = Engine(
+            self.policy,
+            self._registry,
+            plugins={name: stage.plugin for name, stage in self._planned.items()},
+            gate=self.gate,
+            metrics=self.metrics,
+            threads=threads,
+            pinned=dict(self.server.runtimes),
+            nice=dict(self.server.nice),
+            probe=self._probe,
+        ).start()
+        for name in self._planned:
+            if self._closing.is_set():
+                break
+            engine.warm_up([name], report, stop=self._closing)
+            status = engine.status[name]
+            if status.state == "ready":
+                self.stages = {**self.stages, name: self._planned[name]}
+                continue
+            failure = StageFailure(self._planned[name].kind, status.reason)
+            self.failed = {**self.failed, name: failure}
+            if self.require_all_stages:  # release what loaded, then fail start-up
+                self.stages = {}
+                self.close()
+                raise StagesFailedError(self.failed)
+        self.load_s = time.monotonic() - began
+        self._loaded.set()
+        if self.stages and not self._closing.is_set():
+            self.metrics.ready.set(1)
+            self._ready.set()
+        logger.info(
+            "serving %d stages in %.1f s: %s",
+            len(self.stages),
+            self.load_s,
+            ", ".join(f"{name}={self.placed_on(name)}" for name in self.stages),
+        )
+
+    def close(self) -> None:
+        """Stop the engine (running generations are asked to stop) and release the models;
+        a :meth:`start` still loading in another thread stops after its current stage."""
+        self._closing.set()
+        self._ready.clear()
+        self.metrics.ready.set(0)
+        with self._close_lock:
+            engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+        if self.cache is not None:
+            self.cache.close()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def stage_states(self) -> dict[str, dict[str, str]]:
+        """Per policy stage: ``state`` (waiting, loading, ready, failed, unserved) and why."""
+        engine = self.engine
+        states: dict[str, dict[str, str]] = {}
+        for name in self.spec.stages:
+            if name in self.stages:
+                states[name] = {"state": "ready", "device": self.placed_on(name)}
+            elif name in self.failed:
+                states[name] = {"state": "failed", "reason": self.failed[name].reason}
+            elif name in self.unserved:
+                states[name] = {"state": "unserved", "reason": self.unserved[name]}
+            elif engine is not None and name in engine.status:
+                states[name] = {"state": engine.status[name].state}
+            else:
+                states[name] = {"state": "waiting" if self.loading else "unserved"}
+        return states
+
+    def placed_on(self, name: str) -> str:
+        """The devices ``name`` is resident on now (comma-separated), or ``-``."""
+        engine = self.engine
+        if engine is None:
+            return "-"
+        key = f"{name}/full"
+        where = [d for d, keys in engine.resident().items() if key in keys]
+        return ",".join(where) or "-"
+
+    def stage_of_kind(self, kind: str, among: Sequence[str] | None = None) -> ServedStage:
+        """The served stage of a kind (the first in policy order, or the first of ``among``)."""
+        for name in among if among is not None else self.stages:
+            stage = self.stages.get(name)
+            if stage is not None and stage.kind == kind:
+                return stage
+        for name, failure in self.failed.items():
+            if failure.kind == kind and (among is None or name in among):
+                message = f"stage {name!r} is unavailable: {failure.reason}"
+                raise APIError(503, message, code="stage_unavailable")
+        if self.loading:
+            raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
+        raise APIError(404, f"this policy serves no {kind} stage", code="stage_not_served")
+
+    def model_id(self, stage: ServedStage) -> str:
+        """The public model id of a stage (its model_version without the ``@revision``)."""
+        return stage.config.model_version.split("@", 1)[0]
+
+    # --- one call ------------------------------------------------------------------------
+
+    def _engine(self) -> Engine:
+        engine = self.engine
+        if engine is None or not self.ready:
+            raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
+        return engine
+
+    def _admit(self, stage: ServedStage, caller: Caller) -> None:
+        if stage.sensitive and caller.anonymous:
+            raise APIError(
+                401,
+                f"stage {stage.name!r} touches partition {stage.config.partition!r}: "
+                "an API key is required",
+                code="authentication_required",
+            )
+
+    def _variant(
+        self, engine: Engine, stage: ServedStage, caller: Caller, profile: RequestProfile
+    ) -> tuple[str, str]:
+        return engine.admit(stage.name, caller.qos_class, profile)
+
+    async def _submit(
+        self,
+        engine: Engine,
+        stage: ServedStage,
+        payload: Any,
+        variant: str,
+        caller: Caller,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> tuple[Any, str]:
+        try:
+            future = engine.submit_stage(
+                stage.name,
+                payload,
+                qos_class=caller.qos_class,
+                principal=caller.principal,
+                variant=variant,
+            )
+        except PermissionError as err:
+            raise APIError(403, f"stage {stage.name!r}: {err}", code="access_denied") from err
+        try:
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            if on_cancel is not None:
+                on_cancel()
+            raise
+        return result.outputs[stage.name], result.devices[stage.name]
+
+    def _mask(self, stage: ServedStage, caller: Caller, value: Any) -> Any:
+        if stage.sensitive and self.gate is not None:
+            return self.gate.mask(caller.principal, stage.name, value)
+        return value
+
+    def _key(self, stage: ServedStage, variant: str, content: bytes) -> Any:
+        return feature_key(
+            content,
+            stage=stage.name,
+            model_version=stage.config.model_version,
+            params={"variant": variant},
+        )
+
+    def _cacheable(self, stage: ServedStage) -> bool:
+        return self.cache is not None and stage.kind in CACHED_KINDS and not stage.sensitive
+
+    async def run(
+        self,
+        stage: ServedStage,
+        payload: Any,
+        *,
+        caller: Caller,
+        request_id: str | None = None,
+        profile: RequestProfile | None = None,
+        content: bytes | None = None,
+    ) -> tuple[Any, StageRun]:
+        """One item through one stage (admission, cache, engine, mask)."""
+        del request_id  # the engine numbers its requests; the audit records its own ids
+        engine = self._engine()
+        self._admit(stage, caller)
+        variant, reason = self._variant(engine, stage, caller, profile or RequestProfile())
+        key = None
+        if content is not None and self._cacheable(stage):
+            assert self.cache is not None
+            key = self._key(stage, variant, content)
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.metrics.cache_hits.labels(stage.name).inc()
+                run = StageRun(stage.name, "cache", variant, cached=True, reason=reason)
+                return self._mask(stage, caller, _from_cache(stage.kind, hit)), run
+            self.metrics.cache_misses.labels(stage.name).inc()
+        value, device = await self._submit(engine, stage, payload, variant, caller)
+        if key is not None and self.cache is not None:
+            self.cache.put(key, _to_cache(stage.kind, value))
+        return self._mask(stage, caller, value), StageRun(
+            stage.name, device, variant, False, reason
+        )
+
+    async def embed(
+        self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
+    ) -> tuple[np.ndarray[Any, Any], StageRun]:
+        """Embeddings of ``texts`` ``[N, 384]``; cached text by text, misses in one request."""
+        del request_id
+        stage = self.stage_of_kind("text_embed")
+        engine = self._engine()
+        self._admit(stage, caller)
+        tokens = sum(len(t) for t in texts) // 4
+        variant, reason = self._variant(engine, stage, caller, RequestProfile(text_tokens=tokens))
+        vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
+        keys: list[Any] = [None] * len(texts)
+        if self._cacheable(stage):
+            assert self.cache is not None
+            for index, text in enumerate(texts):
+                keys[index] = self._key(stage, variant, text.encode())
+                hit = self.cache.get(keys[index])
+                if hit is not None:
+                    vectors[index] = np.asarray(hit, dtype=np.float32)
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        hits = len(texts) - len(missing)
+        if hits:
+            self.metrics.cache_hits.labels(stage.name).inc(hits)
+        device = "cache"
+        if missing:
+            if self._cacheable(stage):
+                self.metrics.cache_misses.labels(stage.name).inc(len(missing))
+            computed, device = await self._submit(
+                engine, stage, [texts[i] for i in missing], variant, caller
+            )
+            for row, index in enumerate(missing):
+                vectors[index] = computed[row]
+                if keys[index] is not None and self.cache is not None:
+                    self.cache.put(keys[index], np.ascontiguousarray(computed[row]))
+        stacked = np.stack([v for v in vectors if v is not None]).astype(np.float32)
+        return stacked, StageRun(stage.name, device, variant, not missing, reason)
+
+    async def generate(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        caller: Caller,
+        max_tokens: int,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        request_id: str | None = None,
+        prompt_tokens: int = 0,
+    ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
+        """Start generating; returns (pieces as they come, the final summary, how it runs).
+
+        The summary's ``device`` says where it ran. Closing the iterator early (a client that
+        went away) stops generation on its device.
+        """
+        del request_id
+        stage = self.stage_of_kind("llm_generate")
+        engine = self._engine()
+        self._admit(stage, caller)
+        profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
+        variant, reason = self._variant(engine, stage, caller, profile)
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[str | None] = asyncio.Queue()
+
+        def on_piece(piece: str) -> None:
+            try:
+                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+            except RuntimeError:  # the loop is gone: nobody is listening any more
+                job.stop.set()
+
+        job = Generation(list(messages), max_tokens, temperature, seed, on_piece)
+        summary: asyncio.Future[dict[str, Any]] = loop.create_future()
+        began = time.monotonic()
+        task = asyncio.ensure_future(
+            self._submit(engine, stage, job, variant, caller, on_cancel=job.stop.set)
+        )
+
+        def finished(done: asyncio.Future[tuple[Any, str]]) -> None:
+            pieces.put_nowait(None)
+            if summary.done():
+                return
+            if done.cancelled():
+                summary.cancel()
+            elif done.exception() is not None:
+                summary.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                value, device = done.result()
+                summary.set_result({**value, "device": device})
+
+        task.add_done_callback(finished)
+        metrics = self.metrics
+
+        async def stream() -> AsyncIterator[str]:
+            first = True
+            try:
+                while True:
+                    piece = await pieces.get()
+                    if piece is None:
+                        break
+                    if first:
+                        metrics.ttft.observe(time.monotonic() - began)
+                        first = False
+                    yield piece
+            finally:
+                if not task.done():
+                    job.stop.set()
+                    task.cancel()
+
+        await asyncio.sleep(0)  # let the submission happen now, so a full queue sheds here
+        if task.done() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        device = self.placed_on(stage.name)
+        return stream(), summary, StageRun(stage.name, device, variant, False, reason)
+
+    # --- reporting -----------------------------------------------------------------------
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per served stage: kind, model, where it is resident, placements by device, warm-up
+        timings by device, queue, light runs and run time per item (for /v1/devices, the
+        demo)."""
+        engine = self.engine
+        out = []
+        for stage in self.stages.values():
+            status = engine.status[stage.name] if engine is not None else StageStatus()
+            placements = _placements(self.metrics, stage.name)
+            out.append(
+                {
+                    "stage": stage.name,
+                    "kind": stage.kind,
+                    "model": self.model_id(stage),
+                    "resident_on": self.placed_on(stage.name),
+                    "placements": placements,
+                    "warmup_timings_s": dict(status.timings),
+                    "pinned": self.server.runtimes.get(stage.name),
+                    "partition": stage.config.partition,
+                    "queue_depth": engine.scheduler.queued(stage.name) if engine else 0,
+                    "light_runs": status.light_runs,
+                    "batches": status.batches,
+                    "item_p50_s": _quantile(status.recent_s, 0.5),
+                    "item_p99_s": _quantile(status.recent_s, 0.99),
+                }
+            )
+        return out
+
+
+def _placements(metrics: Metrics, stage: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for family in metrics.registry.collect():
+        if family.name != "hetero_placements":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels.get("stage") == stage:
+                out[sample.labels["device"]] = int(sample.value)
+    return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _to_cache(kind: str, value: Any) -> Any:
+    if kind == "vision_encode":
+        return {**value, "embedding": np.asarray(value["embedding"]).astype(float).tolist()}
+    return value
+
+
+def _from_cache(kind: str, value: Any) -> Any:
+    if kind == "vision_encode" and isinstance(value, dict):
+        return {**value, "embedding": np.asarray(value["embedding"], dtype=np.float32)}
+    return value

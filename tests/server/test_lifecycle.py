@@ -1,0 +1,123 @@
+"""Lanes and shutdown: a heavy stage's lanes can run at a lower CPU priority (``server.nice``);
+closing while models load or while a generation runs releases everything and ends the run."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fakes import FAKE_STAGES
+
+from hetero.framework.conformance.reference_graphs import reference_graphs
+from hetero.framework.engine import Engine
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.policy import Policy, load_policy, load_policy_text
+from hetero.framework.registry import Registry
+from hetero.framework.server import Serving
+from hetero.framework.stage_plugin import Generation, GraphRunner, StagePlugin
+
+ONE_STAGE = """version: 1
+stages:
+  vision_encode:
+    modality: image
+    variants:
+      full: {flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: silver}}
+sla_tiers: {silver: {deadline_ms: 60000}}
+cache: {enabled: false}
+"""
+
+
+class PriorityProbe(StagePlugin):
+    """Reports the CPU priority of the thread that runs it (no model)."""
+
+    name = "vision_encode"
+
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {}
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        return [os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) for _ in payloads]
+
+
+def _priority_of_lane(nice: int) -> int:
+    policy = load_policy_text(ONE_STAGE, "one-stage.yaml")
+    engine = Engine(
+        policy, Registry(), plugins={"vision_encode": PriorityProbe()}, nice={"vision_encode": nice}
+    )
+    with engine:
+        engine.warm_up()
+        result = engine.submit_stage("vision_encode", b"x").result(timeout=30)
+        return int(result.outputs["vision_encode"])
+
+
+def test_a_stage_with_nice_runs_its_model_calls_at_lower_priority() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _priority_of_lane(0) == base  # the control: unchanged without the setting
+    assert _priority_of_lane(10) == 10
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the server's own threads keep theirs
+
+
+def test_closing_while_models_load_releases_every_model_loaded() -> None:
+    entered, release = threading.Event(), threading.Event()
+    mlp = reference_graphs()["mlp"].graph
+
+    class SlowEmbed(FAKE_STAGES["text_embed"]):  # type: ignore[misc, valid-type]
+        def graphs(
+            self, variant: str = "full", graph_format: GraphFormat | None = None
+        ) -> Mapping[str, ComputeGraph]:
+            return {"mlp": mlp}  # a real graph to load, so a leak would show
+
+        def setup(self) -> None:
+            entered.set()
+            assert release.wait(30)
+
+    registry = Registry()  # its own npu backend: its loaded models are this test's alone
+    stages = {**FAKE_STAGES, "text_embed": SlowEmbed}
+    runtime = Serving(
+        load_policy("builtin:default"),
+        stage_models=stages,
+        registry=registry,
+        use_cache=False,
+        probe_runtimes=False,
+    )
+    loader = threading.Thread(target=runtime.start)
+    loader.start()
+    assert entered.wait(30)
+    runtime.close()  # while text_embed is still loading
+    release.set()
+    loader.join(30)
+    assert not loader.is_alive() and not runtime.ready
+    assert registry.backend("npu").loaded_models() == ()
+
+
+def _llm_policy() -> Policy:
+    return load_policy_text(
+        ONE_STAGE.replace("vision_encode:", "llm_generate:").replace("image", "text"), "llm.yaml"
+    )
+
+
+def test_close_stops_a_running_generation_before_the_model_is_released() -> None:
+    started = threading.Event()
+    ended: list[bool] = []
+
+    class EndlessLlm(FAKE_STAGES["llm_generate"]):  # type: ignore[misc, valid-type]
+        def one(self, variant: str, payload: Any) -> Any:
+            started.set()
+            ended.append(payload.stop.wait(60))  # a generation that only ends when asked to
+            return {"text": "", "completion_tokens": 0, "finish_reason": "stop", "stopped": True}
+
+    engine = Engine(_llm_policy(), Registry(), plugins={"llm_generate": EndlessLlm()})
+    engine.start()
+    engine.warm_up()
+    future = engine.submit_stage("llm_generate", Generation([], max_tokens=8))
+    assert started.wait(30)
+    engine.close()
+    assert ended == [True]  # asked to stop, and it did, before close() returned
+    assert future.done()
