@@ -50,7 +50,7 @@ def bench_scheduler() -> None:
     """Scheduling decision latency against the naive reference (``hetero bench scheduler``)."""
     from rich.console import Console
 
-    from hetero.framework.cli.bench import run_bench_scheduler
+    from hetero.framework.bench.report import run_bench_scheduler
 
     run_bench_scheduler(Console(), as_json=False)
 
@@ -68,7 +68,7 @@ def bench_cache() -> None:
     """Feature cache tiers against raw redis-py and diskcache reads (``hetero bench cache``)."""
     from rich.console import Console
 
-    from hetero.framework.cli.bench import run_bench_cache
+    from hetero.framework.bench.report import run_bench_cache
 
     run_bench_cache(Console(), as_json=False)
 
@@ -80,8 +80,8 @@ def bench_serve() -> None:
 
     from rich.console import Console
 
-    from hetero.framework.server.bench import run_serve_bench
-    from hetero.framework.server.bench_report import print_report
+    from hetero.framework.bench.serve import run_serve_bench
+    from hetero.framework.bench.serve_report import print_report
 
     result = run_serve_bench(progress=print)
     target = Path(__file__).resolve().parent.parent / "results" / "serve.json"

@@ -44,12 +44,14 @@ class VisionResult:
         labels: Top-5 ImageNet labels with their softmax probabilities, most likely first.
         width: Width of the decoded image in pixels.
         height: Height of the decoded image in pixels.
+        top1: ImageNet class index of the most likely label.
     """
 
     embedding: np.ndarray
     labels: tuple[tuple[str, float], ...]
     width: int
     height: int
+    top1: int = -1
 
 
 class VisionEncoder(ModelStage):
@@ -96,7 +98,11 @@ class VisionEncoder(ModelStage):
                 raise result
         return [
             VisionResult(
-                r["embedding"], tuple((n, p) for n, p in r["labels"]), r["width"], r["height"]
+                r["embedding"],
+                tuple((n, p) for n, p in r["labels"]),
+                r["width"],
+                r["height"],
+                r["top1"],
             )
             for r in results
         ]

@@ -141,7 +141,7 @@ class NpuBackend(Backend):
             before = process.memory_info().rss
             loaded = runtime.load(executable.native, executable.graph, local_id)
             grown = max(0, process.memory_info().rss - before)
-        floor = executable.graph.hint.resident_bytes
+        floor = max(executable.graph.hint.resident_bytes, runtime.resident_bytes(loaded))
         if executable.graph.format is GraphFormat.ONNX:
             floor = max(floor, serialized_size(onnx_bytes_or_path(executable.graph)))
         return (runtime, loaded), max(grown, floor)

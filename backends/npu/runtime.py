@@ -42,6 +42,10 @@ class Runtime(abc.ABC):
         """The runtime's own object behind ``loaded``."""
         return loaded
 
+    def resident_bytes(self, loaded: Any) -> int:
+        """Bytes ``loaded`` certainly holds (weights it can count), a floor for accounting."""
+        return 0
+
     def unload(self, loaded: Any) -> None:  # noqa: B027 - optional hook
         """Release what ``loaded`` holds beyond dropping the reference."""
 

@@ -42,5 +42,9 @@ class TorchRuntime(Runtime):
     ) -> dict[str, np.ndarray[Any, Any]]:
         return self._executor.run(loaded, inputs)
 
+    def resident_bytes(self, loaded: Any) -> int:
+        tensors = [*loaded.parameters(), *loaded.buffers()]
+        return int(sum(t.numel() * t.element_size() for t in tensors))
+
     def unload(self, loaded: Any) -> None:
         self._executor.unload(loaded)

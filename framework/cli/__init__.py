@@ -16,7 +16,6 @@ from rich.logging import RichHandler
 
 from hetero.framework import envs
 from hetero.framework.cli.audit import run_audit_verify
-from hetero.framework.cli.bench import run_bench_cache, run_bench_scheduler
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.cli.sandbox import run_sandbox_check, run_sandbox_erase, run_sandbox_expire
 from hetero.framework.cli.serve import add_server_parsers, run_server_command
@@ -124,16 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "devices":
             return run_devices(out, registry, args.json)
         if args.command == "bench" and args.target == "serve":
-            from hetero.framework.server.bench_report import parse_concurrency, run_bench_serve
+            from hetero.framework.bench.serve_report import parse_concurrency, run_bench_serve
 
             try:
                 levels = parse_concurrency(args.concurrency)
             except ValueError as error:
                 parser.error(str(error))
             return run_bench_serve(out, args.json, args.seconds, levels)
-        if args.command == "bench" and args.target == "cache":
-            return run_bench_cache(out, args.json)
         if args.command == "bench":
+            from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
+
+            if args.target == "cache":
+                return run_bench_cache(out, args.json)
             return run_bench_scheduler(out, args.json)
         if args.command == "audit":
             return run_audit_verify(out, err, args.file, args.public_key)

@@ -95,7 +95,7 @@ def run_demo(out: Console, err: Console, registry: Registry, policy_path: str) -
     import httpx
     import uvicorn
 
-    from hetero.framework.cli.serve import compliance_for, load_with_progress
+    from hetero.framework.cli.startup import compliance_for, load_with_progress
     from hetero.framework.server import Serving, create_app
 
     policy = load_policy(policy_path)

@@ -28,27 +28,25 @@ def _module(name: str, weights: dict[str, np.ndarray[Any, Any]]) -> Any:
     import torch
     from torch.nn import functional
 
-    w = {key: torch.from_numpy(value) for key, value in weights.items()}
-
-    def mlp(x: Any) -> dict[str, Any]:
+    def mlp(w: dict[str, Any], x: Any) -> dict[str, Any]:
         logits = torch.relu(x @ w["w1"] + w["b1"]) @ w["w2"]
         return {"probs": torch.softmax(logits, dim=-1), "label": logits.argmax(dim=-1)}
 
-    def conv(x: Any) -> dict[str, Any]:
+    def conv(w: dict[str, Any], x: Any) -> dict[str, Any]:
         c = torch.relu(functional.conv2d(x, w["w"], w["b"], padding=1))
         pooled = functional.max_pool2d(c, kernel_size=2, stride=2)
         return {"y": pooled.mean(dim=(2, 3))}
 
-    def broadcast(a: Any, b: Any, c: Any) -> dict[str, Any]:
+    def broadcast(w: dict[str, Any], a: Any, b: Any, c: Any) -> dict[str, Any]:
         s = a * b + c
         return {"y": torch.sigmoid(torch.tanh(s)), "z": torch.sqrt(torch.abs(s))}
 
-    def layernorm_gemm(x: Any) -> dict[str, Any]:
+    def layernorm_gemm(w: dict[str, Any], x: Any) -> dict[str, Any]:
         n = functional.layer_norm(x, (16,), w["gamma"], w["beta"], eps=1e-5)
         g = n.reshape(-1, 16) @ w["w"].T + w["bias"]
         return {"y": g.reshape(5, -1, 24).transpose(0, 1)}
 
-    def reductions(x: Any) -> dict[str, Any]:
+    def reductions(w: dict[str, Any], x: Any) -> dict[str, Any]:
         mean = x.mean(dim=1, keepdim=True)
         top = x.amax(dim=1, keepdim=True)
         return {"y": torch.cat([mean, top, x - mean], dim=1)}
@@ -63,8 +61,13 @@ def _module(name: str, weights: dict[str, np.ndarray[Any, Any]]) -> Any:
     forward = forwards[name]
 
     class Reference(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for key, value in weights.items():  # buffers: they move, and are counted, with it
+                self.register_buffer(key, torch.from_numpy(value))
+
         def forward(self, **inputs: Any) -> dict[str, Any]:
-            return forward(**inputs)
+            return forward(dict(self.named_buffers()), **inputs)
 
     return Reference()
 

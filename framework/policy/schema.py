@@ -477,6 +477,7 @@ class ServerConfig(_Frozen):
         Mapping[StrictStr, Annotated[StrictInt, Field(ge=0, le=19)]], AfterValidator(_freeze)
     ] = pmap()
     threads_per_model: PositiveInt = 1
+    peer_routes: StrictBool = False
     queue_bound: PositiveInt = 64
     degrade_queue_depth: PositiveInt = 16
     retry_after_s: PositiveFloat = 1.0

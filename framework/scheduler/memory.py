@@ -11,6 +11,7 @@ enough, nothing is evicted and the caller places elsewhere.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 __all__ = ["LoadPlan", "MemoryManager", "Residency"]
@@ -50,6 +51,8 @@ class MemoryManager:
     resident: dict[str, Residency] = field(default_factory=dict)
     loads: int = 0
     evictions: int = 0
+    evicted: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=1024))
+    """The latest evictions: (model key, seconds it had been resident)."""
 
     @property
     def used(self) -> int:
@@ -117,8 +120,10 @@ class MemoryManager:
     ) -> None:
         """Record ``plan`` as done: evictions removed, the model resident."""
         for victim in plan.evict:
-            if self.resident.pop(victim, None) is not None:
+            gone = self.resident.pop(victim, None)
+            if gone is not None:
                 self.evictions += 1
+                self.evicted.append((victim, now - gone.loaded_at))
         if plan.load:
             self.resident[plan.key] = Residency(
                 key=plan.key,

@@ -44,6 +44,10 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
     app.include_router(routes_openai.router)
     app.include_router(routes_modal.router)
     app.include_router(routes_ops.router)
+    if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements
+        from hetero.framework.bench import peer_routes
+
+        app.include_router(peer_routes.router)
     app.include_router(routes_policy.router)  # last: the policy's own routes
     app.add_middleware(BodyLimit, limit=spec.server.limits.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=runtime.metrics)

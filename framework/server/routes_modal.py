@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.bodies import (
     PipelineRequest,
     form_file,
@@ -18,8 +17,7 @@ from hetero.framework.server.bodies import (
 )
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.fastjson import FastJSONResponse
-from hetero.framework.server.media import decode_base64, image_size
+from hetero.framework.server.media import decode_base64
 from hetero.framework.server.pipelines import PipelineInputs, run_pipeline
 from hetero.framework.server.serving import Serving
 
@@ -34,14 +32,6 @@ class _MediaBody(BaseModel):
     audio: str | None = None
     prompt: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-
-
-class _PeerEmbed(BaseModel):
-    texts: list[str] = Field(min_length=1)
-
-
-class _PeerVision(BaseModel):
-    image_b64: str = Field(min_length=1)
 
 
 def _max_tokens(rt: Serving, asked: int | None) -> int:
@@ -154,33 +144,3 @@ async def pipeline(name: str, request: Request, caller: CallerDep) -> dict[str, 
         "outputs": result.outputs,
         "hetero": {"stages": [r.to_dict() for r in result.runs]},
     }
-
-
-@router.post("/embed")
-async def peer_embed(request: Request, caller: CallerDep) -> FastJSONResponse:
-    """The peers harness's ``{"texts": [...]}`` -> ``{"embeddings": [[384 floats]...]}``."""
-    rt = runtime_of(request)
-    body = await read_json(request, _PeerEmbed)
-    if len(body.texts) > rt.limits.max_batch_inputs:
-        raise APIError(400, f"texts: over the limit of {rt.limits.max_batch_inputs}", param="texts")
-    vectors, _ = await rt.embed(body.texts, caller=caller)
-    return FastJSONResponse({"embeddings": vectors})
-
-
-@router.post("/vision")
-async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
-    """The peers harness's ``{"image_b64"}`` -> ``{"embedding": [1280 floats], "top1": int}``."""
-    rt = runtime_of(request)
-    body = await read_json(request, _PeerVision)
-    image = decode_base64(body.image_b64, "image_b64")
-    width, height = image_size(image, rt.limits, "image_b64")
-    stage = rt.stage_of_kind("vision_encode")
-    value, _ = await rt.run(
-        stage,
-        image,
-        caller=caller,
-        content=image,
-        profile=RequestProfile(image_pixels=width * height),
-    )
-    embedding = value["embedding"]
-    return FastJSONResponse({"embedding": embedding, "top1": int(value["top1"])})

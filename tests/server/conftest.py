@@ -56,6 +56,18 @@ class ServerThread:
         self.thread.join(30)
 
 
+def default_with_peer_routes() -> Policy:
+    """The default policy, plus the peers harness's /embed and /vision routes, on this host's
+    own devices (not the dummy plugin's fakes, which tests put on the path)."""
+    from hetero.framework.policy import builtin_policy_text
+
+    text = builtin_policy_text("default").replace(
+        "  allow: [cpu, npu]\n", "  allow: [cpu, npu]\n  deny: [dummy]\n"
+    )
+    assert "deny: [dummy]" in text
+    return load_policy_text(text + "\nserver:\n  peer_routes: true\n", "default-peer-routes")
+
+
 def keyed_policy(limits: str = "") -> Policy:
     """The default policy with two API keys and a sensitive OCR stage."""
     text = load_policy("builtin:default")
@@ -65,6 +77,7 @@ def keyed_policy(limits: str = "") -> Policy:
     del text
     extra = f"""
 server:
+  peer_routes: true
   api_keys:
     - name: alice
       sha256: {hash_key(API_KEY)}
@@ -121,7 +134,7 @@ class InProcessSandboxes:
 @pytest.fixture(scope="session")
 def fake_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serving]:
     runtime = Serving(
-        load_policy("builtin:default"),
+        default_with_peer_routes(),
         stage_models=FAKE_STAGES,
         cache_directory=tmp_path_factory.mktemp("fake-cache"),
     )
@@ -161,7 +174,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThre
     if missing:
         pytest.fail(f"real model stages missing (make venv installs them): {missing}")
     runtime = Serving(
-        load_policy("builtin:default"), cache_directory=tmp_path_factory.mktemp("real-cache")
+        default_with_peer_routes(), cache_directory=tmp_path_factory.mktemp("real-cache")
     )
     with ServerThread(create_app(runtime, registry=default_registry())) as server:
         runtime.start()

@@ -10,9 +10,9 @@ from typing import Any
 from conftest import ServerThread
 from fastapi import FastAPI
 
-from hetero.framework.server.bench import ratios
-from hetero.framework.server.bench_load import closed_loop, inprocess_loop
-from hetero.framework.server.bench_mix import RequestMix, base_images, unique_image
+from hetero.framework.bench.serve import ratios
+from hetero.framework.bench.serve_load import closed_loop, inprocess_loop
+from hetero.framework.bench.serve_mix import RequestMix, base_images, unique_image
 
 
 def fake_app() -> FastAPI:

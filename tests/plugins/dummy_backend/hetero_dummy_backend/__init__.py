@@ -8,6 +8,7 @@ Python) in host memory, which is a real, independent executor for comparing agai
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,10 +24,17 @@ DEVICE_MEMORY = 1 << 30
 
 
 class DummyBackend(Backend):
-    """Two fake accelerators joined by a fake PCIe link, running the ONNX reference evaluator."""
+    """Two fake accelerators joined by a fake PCIe link, running the ONNX reference evaluator.
+
+    Tests may set, before discovery, ``peak_flops`` (a figure that makes the cost model prefer
+    these devices) and, at any time, ``failing`` (every run raises, as a device that fails
+    mid-load does).
+    """
 
     name: ClassVar[str] = "dummy"
     visible_devices_env_var: ClassVar[str | None] = "DUMMY_VISIBLE_DEVICES"
+    peak_flops: ClassVar[float] = 1e9
+    failing: ClassVar[bool] = False
 
     def _discover(self) -> list[DeviceSpec]:
         ids = ("dummy:0", "dummy:1")
@@ -38,8 +46,8 @@ class DummyBackend(Backend):
                 backend=self.name,
                 host="localhost",
                 memory_bytes=DEVICE_MEMORY,
-                peak_flops={"fp32": 1e9},
-                memory_bandwidth_bytes_per_s=1e9,
+                peak_flops={"fp32": self.peak_flops},
+                memory_bandwidth_bytes_per_s=self.peak_flops,
                 links=tuple(
                     Link(peer=peer, kind=LinkKind.PCIE, bandwidth_bytes_per_s=1e9)
                     for peer in ids
@@ -55,11 +63,14 @@ class DummyBackend(Backend):
         return Telemetry(device_id=device_id, memory_used_bytes=used, utilisation=0.0)
 
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
-        if graph.format is not GraphFormat.ONNX or not isinstance(graph.source, bytes):
-            raise ValueError("the dummy backend runs ONNX graphs given as bytes")
+        if graph.format is not GraphFormat.ONNX or not isinstance(graph.source, bytes | str | Path):
+            raise ValueError("the dummy backend runs ONNX graphs (bytes or a file)")
         import onnx
 
-        model = onnx.load_from_string(graph.source)
+        source = (
+            graph.source if isinstance(graph.source, bytes) else Path(graph.source).read_bytes()
+        )
+        model = onnx.load_from_string(source)
         onnx.checker.check_model(model)
         return model
 
@@ -75,6 +86,8 @@ class DummyBackend(Backend):
         model.native = None
 
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
+        if self.failing:
+            raise RuntimeError("injected dummy device fault")
         evaluator = model.native
         expected = list(evaluator.input_names)
         missing = [name for name in expected if name not in inputs]

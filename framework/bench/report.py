@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hetero.framework.bench.scheduler import QUEUE_LENGTHS, run_scheduler_bench
 from hetero.framework.cli.output import print_json
-from hetero.framework.scheduler.bench import QUEUE_LENGTHS, run_scheduler_bench
 
 
 def run_bench_scheduler(console: Console, as_json: bool) -> int:
@@ -68,7 +68,7 @@ def run_bench_scheduler(console: Console, as_json: bool) -> int:
 
 def run_bench_cache(console: Console, as_json: bool) -> int:
     """Each tier's hit against the raw library read, a Bloom-rejected miss, L1 hit rates."""
-    from hetero.cache.bench import run_cache_bench
+    from hetero.framework.bench.cache import run_cache_bench
 
     results = run_cache_bench()
     if as_json:

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetero.framework.server.bench import DEFAULT_CONCURRENCY, run_serve_bench
+from hetero.framework.bench.serve import DEFAULT_CONCURRENCY, run_serve_bench
 
 __all__ = ["parse_concurrency", "print_report", "run_bench_serve"]
 
@@ -48,11 +48,10 @@ def _rows(name: str, mode: str, points: dict[str, Any]) -> list[list[str]]:
 
 def print_report(console: Console, result: dict[str, Any]) -> None:
     """The table, memory and start-up, ratios and goals."""
-    spin = "on" if result["ort_spinning"] else "off"
     table = Table(
         title=(
             f"Serving, 70 % /embed + 30 % /vision, closed loop, {result['seconds']:g} s per point"
-            f" (ORT spin-waiting {spin}, {result['cpus']} CPUs)"
+            f" (ORT spin-waiting off, {result['cpus']} CPUs)"
         ),
         title_justify="left",
     )

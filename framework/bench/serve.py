@@ -6,8 +6,8 @@ Per stack: a cold-cache run at each concurrency (every request's content is new)
 30 % of requests repeat earlier content, which only hetero's feature cache can turn into less
 work. FastAPI and hetero run as child processes, so their start-up (launch to ready) and idle
 memory (RSS of the process tree, both models loaded and warmed) are theirs alone. ONNX Runtime
-spin-waiting is off for every stack, or on for every stack with ``spin=True``. Timing is never
-pass/fail: the report gives figures, ratios and the goals they are read against.
+spin-waiting is off for every stack (the executor's setting). Timing is never pass/fail: the
+report gives figures, ratios and the goals they are read against.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from hetero.framework.server import bench_procs
-from hetero.framework.server.bench_load import closed_loop, closed_loop_groups, inprocess_loop
-from hetero.framework.server.bench_mix import RequestMix, new_nonce
+from hetero.framework.bench import serve_procs as bench_procs
+from hetero.framework.bench.serve_load import closed_loop, closed_loop_groups, inprocess_loop
+from hetero.framework.bench.serve_mix import RequestMix, new_nonce
 
 __all__ = ["DEFAULT_CONCURRENCY", "POLICY", "REPEAT_SHARE", "ratios", "run_serve_bench"]
 
@@ -55,7 +55,7 @@ def _inprocess(seconds: float, threads: int) -> dict[str, Any]:
         if route == "/embed":
             return embedder.embed(payload["texts"]).tolist()
         result = encoder.encode([base64.b64decode(payload["image_b64"])])[0]
-        return result.embedding.tolist(), bench_procs.top1(encoder, result)
+        return result.embedding.tolist(), result.top1
 
     try:
         mix = RequestMix(new_nonce())
@@ -157,24 +157,20 @@ def run_serve_bench(
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     *,
     policy: str = POLICY,
-    spin: bool = False,
     baseline_threads: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure every stack and return the report (figures, ratios, goals); see the module doc."""
     report = progress or (lambda message: None)
     threads = baseline_threads or os.cpu_count() or 1
-    spin_flag = ["--spin"] if spin else []
-    if not spin:
-        bench_procs.disable_ort_spinning()
     stacks: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hetero-bench-serve-") as directory:
         logs = Path(directory)
         report("in-process loop: concurrency 1")
         stacks["inprocess"] = _inprocess(seconds, threads)
-        fastapi_args = ["fastapi", "--port", "{port}", "--threads", str(threads), *spin_flag]
+        fastapi_args = ["fastapi", "--port", "{port}", "--threads", str(threads)]
         stacks["fastapi"] = _served(fastapi_args, "", seconds, concurrency, logs, report, "fastapi")
-        hetero_args = ["hetero", *spin_flag, "--", "serve", "--policy", policy, "--port", "{port}"]
+        hetero_args = ["hetero", "--", "serve", "--policy", policy, "--port", "{port}"]
         stacks["hetero"] = _served(
             hetero_args, "/ready", seconds, concurrency, logs, report, "hetero"
         )
@@ -183,7 +179,6 @@ def run_serve_bench(
         "warmup_s": _warmup_s(seconds),
         "concurrency": list(concurrency),
         "repeat_share": REPEAT_SHARE,
-        "ort_spinning": spin,
         "baseline_threads": threads,
         "policy": policy,
         "cpus": os.cpu_count(),

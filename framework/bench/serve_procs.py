@@ -2,13 +2,14 @@
 
 Entry point for the child processes::
 
-    python -m hetero.framework.server.bench_procs fastapi --port P [--threads N] [--spin]
-    python -m hetero.framework.server.bench_procs hetero [--spin] -- serve --policy F --port P
+    python -m hetero.framework.bench.serve_procs fastapi --port P [--threads N]
+    python -m hetero.framework.bench.serve_procs hetero -- serve --policy F --port P
 
 ``fastapi`` is the baseline: a plain FastAPI app on uvicorn with ``def`` handlers (FastAPI's
-thread pool, so model calls overlap), the same ``hetero.models`` stages, no batching, no queues,
-no cache. ``hetero`` is the ``hetero`` command line itself. Both turn ONNX Runtime's intra-op
-spin-waiting off unless ``--spin``: every stack of one run gets the same setting.
+thread pool, so model calls overlap), the same ``hetero.models`` stages each loaded by itself on
+ONNX Runtime's CPU device, no engine, no batching, no queues, no cache. ``hetero`` is the
+``hetero`` command line itself. Both run ONNX Runtime through the same executor, with intra-op
+spin-waiting off.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import httpx
 
 __all__ = [
     "build_baseline_app",
-    "disable_ort_spinning",
     "free_port",
     "start",
     "stop",
@@ -36,32 +36,7 @@ __all__ = [
     "wait_ready",
 ]
 
-MODULE = "hetero.framework.server.bench_procs"
-
-
-def disable_ort_spinning() -> None:
-    """Make every ONNX Runtime session of this process start with spin-waiting off.
-
-    ``session.intra_op.allow_spinning=0`` lets idle intra-op threads sleep instead of burning
-    the cores the HTTP loop and the other model need (the peers measured +20-60 % throughput on
-    2 cores). hetero's sessions do not set it, so the bench sets it the same way everywhere.
-    """
-    import onnxruntime as ort
-
-    original: Any = ort.InferenceSession
-    if getattr(original, "hetero_no_spin", False):
-        return
-
-    class NoSpinSession(original):  # type: ignore[misc]
-        hetero_no_spin = True
-
-        def __init__(self, model: Any, sess_options: Any = None, *args: Any, **kw: Any) -> None:
-            options = sess_options if sess_options is not None else ort.SessionOptions()
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-            super().__init__(model, options, *args, **kw)
-
-    ort.InferenceSession = NoSpinSession
+MODULE = "hetero.framework.bench.serve_procs"
 
 
 def build_baseline_app(threads: int) -> Any:
@@ -91,18 +66,9 @@ def build_baseline_app(threads: int) -> Any:
             result = encoder.encode([image])[0]
         except Exception as err:
             raise HTTPException(400, f"image_b64: {err}") from err
-        return {"embedding": result.embedding.tolist(), "top1": top1(encoder, result)}
+        return {"embedding": result.embedding.tolist(), "top1": result.top1}
 
     return app
-
-
-def top1(encoder: Any, result: Any) -> int:
-    """The ImageNet index of the most likely label (what the peers' API returns)."""
-    index = getattr(encoder, "bench_label_index", None)
-    if index is None:
-        index = {name: i for i, name in enumerate(encoder._labels)}
-        encoder.bench_label_index = index
-    return int(index.get(result.labels[0][0], -1))
 
 
 def free_port() -> int:
@@ -181,13 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("stack", choices=["fastapi", "hetero"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--spin", action="store_true", help="leave ORT spin-waiting on")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     rest = argv[split + 1 :]  # hetero: its own command line
-    if not args.spin:
-        disable_ort_spinning()
     if args.stack == "fastapi":
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

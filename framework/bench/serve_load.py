@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from hetero.framework.server.bench_mix import BenchRequest, RequestMix
+from hetero.framework.bench.serve_mix import BenchRequest, RequestMix
 
 __all__ = ["Record", "closed_loop", "inprocess_loop", "summarize"]
 
