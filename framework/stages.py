@@ -77,6 +77,8 @@ class Pipeline:
     name: str
     steps: Mapping[str, PipelineStep]
     order: tuple[str, ...] = field(init=False)
+    sinks: tuple[str, ...] = field(init=False, repr=False)
+    """Steps nothing waits for: their outputs make the response."""
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -95,6 +97,8 @@ class Pipeline:
             raise CyclicPipelineError(self.name, cycle) from err
         object.__setattr__(self, "steps", pmap(self.steps))
         object.__setattr__(self, "order", order)
+        needed = {dep for step in self.steps.values() for dep in step.after}
+        object.__setattr__(self, "sinks", tuple(name for name in order if name not in needed))
 
     @property
     def levels(self) -> tuple[tuple[str, ...], ...]:
@@ -112,12 +116,6 @@ class Pipeline:
     def sources(self) -> tuple[str, ...]:
         """Steps that wait for nothing."""
         return tuple(name for name in self.order if not self.steps[name].after)
-
-    @property
-    def sinks(self) -> tuple[str, ...]:
-        """Steps nothing waits for: their outputs make the response."""
-        needed = {dep for step in self.steps.values() for dep in step.after}
-        return tuple(name for name in self.order if name not in needed)
 
 
 _request_ids = itertools.count(1)

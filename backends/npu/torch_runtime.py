@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from importlib import metadata
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,16 +17,27 @@ CPU = "cpu"
 
 
 class TorchRuntime(Runtime):
-    """One device, ``cpu``, through :class:`TorchExecutor`."""
+    """One device, ``cpu``, through :class:`TorchExecutor`. torch (about 200 MB of memory) is
+    imported at the first graph, not at discovery: a policy that never places a torch graph
+    never pays for it."""
 
     name = "torch"
     formats: ClassVar[frozenset[GraphFormat]] = frozenset({GraphFormat.TORCH})
 
     def __init__(self) -> None:
-        self._executor = TorchExecutor(CPU)
+        self.version = metadata.version("torch")  # raises when torch is not installed
+        self._made: TorchExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def _executor(self) -> TorchExecutor:
+        with self._lock:
+            if self._made is None:
+                self._made = TorchExecutor(CPU)
+            return self._made
 
     def local_devices(self) -> list[tuple[str, DeviceClass, str, dict[str, Any]]]:
-        props = {"runtime": "torch", "runtime_version": self._executor.version}
+        props = {"runtime": "torch", "runtime_version": self.version}
         return [(CPU, DeviceClass.CPU, "torch CPU", props)]
 
     def compile(self, graph: ComputeGraph, local_id: str) -> Any:

@@ -3,7 +3,6 @@ and goals, or the whole report as JSON."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.framework.bench.serve import DEFAULT_CONCURRENCY, run_serve_bench
+from hetero.framework.cli.output import print_json
 
 __all__ = ["parse_concurrency", "print_report", "run_bench_serve"]
 
@@ -60,19 +60,31 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
     stacks = result["stacks"]
     for row in _rows("in-process loop", "unique", stacks["inprocess"]["points"]):
         table.add_row(*row)
-    for key, name in (("fastapi", "FastAPI"), ("hetero", "hetero")):
-        for mode, label in (("points", "unique"), ("repeated", "30% repeated")):
-            for row in _rows(name, label, stacks[key][mode]):
-                table.add_row(*row)
+    names = {
+        "fastapi": "FastAPI",
+        "hetero": "hetero (cache off)",
+        "hetero_cache": "hetero (cache on)",
+        "hetero_free": "hetero (unpinned)",
+    }
+    labels = {"points": "unique", "repeated": "30% repeated"}
+    for key, name in names.items():
+        for mode, label in labels.items():
+            if key in stacks and mode in stacks[key]:
+                for row in _rows(name, label, stacks[key][mode]):
+                    table.add_row(*row)
     console.print(table)
     console.print("embed / vision columns: req/s: p50 / p99 ms", highlight=False)
-    for key, name in (("fastapi", "FastAPI"), ("hetero", "hetero")):
-        s = stacks[key]
+    for key, name in names.items():
+        s = stacks.get(key)
+        if s is None:
+            continue
         console.print(
             f"{name}: start-up {s['startup_s']:.2f} s, idle RSS {s['idle_rss_mb']:.0f} MB, "
             f"after load {s['rss_after_load_mb']:.0f} MB",
             highlight=False,
         )
+        if "isolation" not in s:
+            continue
         iso = s["isolation"]
         console.print(
             f"{name}: embed alone p50/p99 {_ms(iso['embed_alone']['p50_ms'])} / "
@@ -82,6 +94,11 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
             f"(vision {iso['vision_under_load']['req_s']} req/s)",
             highlight=False,
         )
+    overhead = result["engine_overhead_us"]
+    console.print(
+        f"engine per request, no model: p50 {overhead['p50_us']} us, p99 {overhead['p99_us']} us",
+        highlight=False,
+    )
     for name, goal in result["goals"].items():
         met = {True: "met", False: "missed", None: "n/a"}[goal["met"]]
         console.print(f"{name}: {goal['value']} (goal {goal['goal']}): {met}", highlight=False)
@@ -99,7 +116,7 @@ def run_bench_serve(
         seconds, concurrency, progress=lambda message: err.print(message, highlight=False)
     )
     if as_json:
-        console.print_json(json.dumps(result))
+        print_json(console, result)
     else:
         print_report(console, result)
     return 0

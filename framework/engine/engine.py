@@ -99,6 +99,7 @@ class StageStatus:
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_RUNS))
     light_runs: int = 0
     batches: int = 0
+    item_s: float = 0.0  # moving average of run time per item, admission's pace
 
 
 class Engine:
@@ -180,6 +181,7 @@ class Engine:
                     self.scheduler.set_hint(stage, str(variant), hint)
         self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
         self._admission: dict[str, ComplexityBreaker] = {}
+        self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
@@ -438,9 +440,11 @@ class Engine:
         """Run one stage on one payload (what its plugin takes); the future's
         ``outputs[stage]`` is the plugin's result and ``devices[stage]`` where it ran.
         ``variant`` skips admission's choice (the caller already chose)."""
-        if stage not in self.plugins:
-            raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
-        pipeline = Pipeline(stage, {stage: PipelineStep(stage)})
+        pipeline = self._single.get(stage)
+        if pipeline is None:
+            if stage not in self.plugins:
+                raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
+            pipeline = self._single[stage] = Pipeline(stage, {stage: PipelineStep(stage)})
         return self._submit(stage, pipeline, payload, qos_class, profile, principal, variant)
 
     def admit(
@@ -483,8 +487,7 @@ class Engine:
     def _queue_delay_s(self, stage: str, depth: int) -> float:
         """How long a new task of ``stage`` waits: the work ahead, at the measured pace."""
         status = self.status.get(stage)
-        per_item = float(np.median(status.recent_s)) if status and status.recent_s else 0.0
-        return depth * per_item
+        return depth * status.item_s if status is not None else 0.0
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""
@@ -549,7 +552,7 @@ class Engine:
             future.set_result(self._result(state))
             return future
         future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
-        self._wake.set()
+        self._kick()
         return future
 
     def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
@@ -684,6 +687,18 @@ class Engine:
         except Exception as err:
             logger.warning("caching %s failed: %s", task.stage, err)
 
+    def _kick(self) -> None:
+        """Place what can go now, on this thread: a new task or a freed device is dispatched
+        without a hand-off to the dispatcher thread (which only retries on a timer)."""
+        if self._stopping or not self._started:
+            self._wake.set()
+            return
+        try:
+            self._dispatch_ready()
+        except Exception:  # a bug here must not fail the caller's request or the lane
+            logger.exception("dispatch failed unexpectedly")
+            self._wake.set()
+
     def _dispatch_loop(self) -> None:
         while not self._stopping:
             self._wake.wait(timeout=DISPATCH_POLL_S)
@@ -746,7 +761,7 @@ class Engine:
         self._observe_batch([o for o in outcomes if not o.skipped and o.batch_size])
         for outcome in outcomes:
             self._finish(outcome)
-        self._wake.set()
+        self._kick()
 
     def _observe_batch(self, ran: list[BatchOutcome]) -> None:
         if not ran:
@@ -762,7 +777,10 @@ class Engine:
         if status is not None:
             status.batches += 1
             items = sum(o.dispatch.task.items for o in ran) or 1
-            status.recent_s.append(first.run_s / items)
+            per_item = first.run_s / items
+            status.recent_s.append(per_item)
+            smoothing = 0.2 if status.item_s else 1.0
+            status.item_s += smoothing * (per_item - status.item_s)
 
     def _sync_health(self) -> None:
         """Devices their backend marked unhealthy (or healthy again) leave (or rejoin)

@@ -471,7 +471,6 @@ class ServerConfig(_Frozen):
     api_keys_file: Name | None = None
     limits: ServerLimits = ServerLimits()
     runtimes: Annotated[Mapping[StrictStr, Name], AfterValidator(_freeze)] = pmap()
-    workers: Annotated[Mapping[StrictStr, PositiveInt], AfterValidator(_freeze)] = pmap()
     model_threads: Annotated[Mapping[StrictStr, PositiveInt], AfterValidator(_freeze)] = pmap()
     nice: Annotated[
         Mapping[StrictStr, Annotated[StrictInt, Field(ge=0, le=19)]], AfterValidator(_freeze)

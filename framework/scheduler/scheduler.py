@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.framework.devices import DeviceSpec
+from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.errors import HeteroError, NoEligibleDeviceError
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.plan import hint_from_variant
@@ -114,6 +114,20 @@ def _always(stage: str, variant: str, device_id: str) -> bool:
     return True
 
 
+def _compute_groups(devices: Sequence[DeviceSpec]) -> np.ndarray:
+    """A group number per device: the CPU devices of one host (several runtimes over the same
+    cores) share one; every other device is its own."""
+    keys: dict[str, int] = {}
+    out = np.zeros(len(devices), dtype=np.int64)
+    for index, device in enumerate(devices):
+        shared = device.device_class is DeviceClass.CPU and bool(
+            device.properties.get("shares_host_memory", False)
+        )
+        key = f"cpu@{device.host}" if shared else f"device:{device.id}"
+        out[index] = keys.setdefault(key, len(keys))
+    return out
+
+
 class Scheduler:
     """Queues per stage, cost-model placement, memory and breakers for one fleet."""
 
@@ -164,6 +178,11 @@ class Scheduler:
         self._base_masks: dict[str, np.ndarray] = {}
         self.smoothing = spec.scheduler.measured_smoothing
         self.backlog = np.zeros(count)
+        # Devices that are one host CPU seen through several runtimes (OpenVINO's CPU, ONNX
+        # Runtime's CPU provider, torch on the CPU) share its cores: work promised to one of
+        # them delays the others, so placement weighs their backlog together.
+        self._compute_group = _compute_groups(self.devices)
+        self._grouped = bool(len(set(self._compute_group.tolist())) < count)
         self.in_flight = np.zeros(count, np.int64)
         self.healthy = np.ones(count, bool)
         self._breakers: dict[tuple[str, int], DeviceBreaker] = {}
@@ -177,6 +196,12 @@ class Scheduler:
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
+
+    def _group_backlog(self) -> np.ndarray:
+        """Each device's backlog summed over the devices that share its compute."""
+        groups = self._compute_group
+        summed: np.ndarray = np.bincount(groups, weights=self.backlog)[groups]
+        return summed
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
@@ -309,6 +334,7 @@ class Scheduler:
             return None
         compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
         transfer = self._transfer(task, tables)
+        backlog = self._group_backlog() if self._grouped else self.backlog
         if self.placement == "round_robin":
             candidates = np.flatnonzero(mask)
             after = candidates[candidates > self._round_robin[task.stage]]
@@ -318,11 +344,11 @@ class Scheduler:
             index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
         else:
             if self._unit_weights:
-                total = self.backlog + tables.load_now + compute + transfer
+                total = backlog + tables.load_now + compute + transfer
             else:
                 w = self.weights
                 total = (
-                    w.queue * self.backlog
+                    w.queue * backlog
                     + w.load * tables.load_now
                     + w.compute * compute
                     + w.transfer * transfer
@@ -330,7 +356,7 @@ class Scheduler:
             total[~mask] = np.inf
             index = int(np.argmin(total))
         terms = {
-            "queue": float(self.backlog[index]),
+            "queue": float(backlog[index]),
             "load": float(tables.load_now[index]),
             "compute": float(compute[index]),
             "transfer": float(transfer[index]),

@@ -90,12 +90,22 @@ def test_ratios_name_every_goal() -> None:
             "startup_s": 1.5,
         }
 
-    out, goals = ratios({"hetero": stack(120.0, 50.0), "fastapi": stack(100.0, 400.0)}, [1, 8, 32])
+    stacks = {
+        "hetero": stack(120.0, 50.0),
+        "fastapi": stack(100.0, 400.0),
+        "hetero_cache": stack(160.0, 50.0),
+        "hetero_free": stack(130.0, 50.0),
+    }
+    out, goals = ratios(stacks, [1, 8, 32])
     assert out["c8_throughput_hetero_vs_fastapi"] == 1.2
+    assert out["c8_repeated_hetero_vs_fastapi"] == 1.6
+    assert out["c8_free_placement_vs_fastapi"] == 1.3
     assert out["hetero_embed_p99_c32_vs_c1"] == 20.0
     assert out["hetero_light_p99_under_heavy_vs_alone"] == 2.5
     assert out["fastapi_light_p99_under_heavy_vs_alone"] == 20.0
     assert goals["c8 throughput >= FastAPI"]["met"] is True
+    assert goals["c1 throughput >= 0.95x FastAPI"]["met"] is True
+    assert goals["free placement, c8 throughput vs FastAPI on ONNX Runtime"]["met"] is True
     light = "light (embed) p99 with 32 clients saturating vision / alone"
     assert goals[light]["met"] is True
     assert goals["start-up s"]["met"] is True

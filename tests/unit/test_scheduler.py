@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.errors import NoEligibleDeviceError
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.policy import Policy, load_policy_text
@@ -300,3 +301,48 @@ def test_outstanding_work_per_device_is_capped_so_priority_decides() -> None:
     scheduler.completed(dispatched[0], ok=True, run_s=0.01)
     nxt = scheduler.dispatch()
     assert isinstance(nxt, Dispatch) and nxt.task.qos_class == "interactive"
+
+
+CPU_POLICY = """\
+version: 1
+stages:
+  embed:
+    modality: text
+    variants:
+      full: {flops_per_item: 10 GFLOPS, bytes_per_item: 1 MB, resident_bytes: 1 MB,
+             max_batch: 8}
+scheduler: {memory_reserve_fraction: 0.0}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: t}}
+sla_tiers: {t: {deadline_ms: 1000}}
+"""
+
+
+def _runtime_device(name: str, host: str, flops: float) -> DeviceSpec:
+    return DeviceSpec(
+        id=f"npu:{name}/CPU",
+        device_class=DeviceClass.CPU,
+        vendor_name="host CPU",
+        backend="npu",
+        host=host,
+        memory_bytes=1 << 30,
+        peak_flops={"fp32": flops},
+        memory_bandwidth_bytes_per_s=1e10,
+        properties={"shares_host_memory": True},
+    )
+
+
+def _placements(hosts: tuple[str, str]) -> list[str]:
+    policy = load_policy_text(CPU_POLICY, "cpu.yaml")
+    devices = [_runtime_device("fast", hosts[0], 2e11), _runtime_device("slow", hosts[1], 1e11)]
+    scheduler = Scheduler(policy, devices, Topology(devices), VirtualClock())
+    return [place(scheduler, task("embed")).device_id for _ in range(6)]
+
+
+def test_runtimes_over_one_host_cpu_share_its_backlog() -> None:
+    # Two runtimes over the same cores: work queued on one delays the other, so everything
+    # goes to the faster one rather than spilling onto the slower "idle" one.
+    assert set(_placements(("host", "host"))) == {"npu:fast/CPU"}
+    # The control: the same devices on two hosts are independent, and the backlog spreads.
+    assert set(_placements(("host-a", "host-b"))) == {"npu:fast/CPU", "npu:slow/CPU"}
