@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import PolicyError
 from hetero.framework.fleet import Fleet
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
@@ -67,8 +69,11 @@ class StagePlan:
         }
 
 
-def hint_from_variant(variant: VariantConfig) -> BandwidthHint:
-    """The BandwidthHint a policy variant describes."""
+def hint_from_variant(variant: VariantConfig) -> BandwidthHint | None:
+    """The BandwidthHint a policy variant describes; None when it gives no cost figures (a
+    stage plugin's graphs give them)."""
+    if variant.flops_per_item is None or variant.bytes_per_item is None:
+        return None
     return BandwidthHint(
         flops_per_item=variant.flops_per_item,
         bytes_per_item=variant.bytes_per_item,
@@ -95,8 +100,15 @@ def cost_on(hint: BandwidthHint, device: DeviceSpec) -> DeviceCost:
     )
 
 
-def plan_policy(policy: Policy, fleet: Fleet) -> list[StagePlan]:
-    """Every stage variant of ``policy`` costed on every device of ``fleet``."""
+def plan_policy(
+    policy: Policy, fleet: Fleet, hints: Mapping[str, BandwidthHint] | None = None
+) -> list[StagePlan]:
+    """Every stage variant of ``policy`` costed on every device of ``fleet``; ``hints``
+    (``stage/variant``: the stage plugins' graph hints) come before the policy's figures.
+
+    Raises:
+        PolicyError: a stage has neither a plugin's hint nor cost figures.
+    """
     reserve = policy.spec.scheduler.memory_reserve_fraction
     plans = []
     for stage_name, stage in sorted(policy.spec.stages.items()):
@@ -104,7 +116,12 @@ def plan_policy(policy: Policy, fleet: Fleet) -> list[StagePlan]:
             variant = stage.variants.get(variant_name)
             if variant is None:
                 continue
-            hint = hint_from_variant(variant)
+            hint = (hints or {}).get(f"{stage_name}/{variant_name}") or hint_from_variant(variant)
+            if hint is None:
+                raise PolicyError(
+                    f"{policy.source}: stages.{stage_name}.variants.{variant_name}: no stage "
+                    "plugin serves this stage, so flops_per_item and bytes_per_item are needed"
+                )
             costs = []
             ineligible = []
             for device in fleet.devices:

@@ -20,8 +20,18 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.policy import Policy
+from hetero.framework.registry import Registry
 
-__all__ = ["Generation", "GraphRunner", "StagePlugin", "combined_hint"]
+__all__ = [
+    "Generation",
+    "GraphRunner",
+    "StagePlugin",
+    "combined_hint",
+    "plugin_hints",
+    "stage_kind",
+    "stage_plugins",
+]
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 
@@ -74,6 +84,9 @@ class StagePlugin(abc.ABC):
 
     name: ClassVar[str]
     batchable: ClassVar[bool] = False
+    model_ids: ClassVar[tuple[str, ...]] = ()
+    """Model ids (a policy stage's ``model_version`` before ``@``) it serves under any stage
+    name, so a stage ``id_card_ocr`` with ``model_version: pp-ocrv4@1`` finds the OCR plugin."""
     device_ids: tuple[str, ...] | None = None
     """Where it may be placed, when only some devices will do (a partition's sandbox)."""
 
@@ -132,3 +145,36 @@ def combined_hint(graphs: Mapping[str, ComputeGraph]) -> BandwidthHint:
         max_batch=min(h.max_batch for h in hints) if batchable else 1,
         dtype=first.dtype,
     )
+
+
+def stage_plugins(registry: Registry) -> dict[str, Any]:
+    """{kind: plugin class} of every ``stage_model`` plugin, first-party and third-party."""
+    registry.load_plugins()
+    return dict(registry.extensions("stage_model"))
+
+
+def stage_kind(name: str, model_version: str, classes: Mapping[str, Any]) -> str | None:
+    """The plugin kind that serves policy stage ``name``: the one whose ``model_ids`` holds
+    its ``model_version`` (before ``@``), else the one named like the stage; None if none."""
+    base = model_version.split("@", 1)[0].lower()
+    for kind, cls in classes.items():
+        if base in getattr(cls, "model_ids", ()):
+            return kind
+    return name if name in classes else None
+
+
+def plugin_hints(policy: Policy, classes: Mapping[str, Any]) -> dict[str, BandwidthHint]:
+    """``stage/variant`` -> the cost of one item of that variant, from the graphs of the plugin
+    that serves the stage (no artefacts are built: hints are figures, not files). Stages no
+    plugin serves keep the figures their policy gives."""
+    hints: dict[str, BandwidthHint] = {}
+    for name, config in policy.spec.stages.items():
+        if config.partition is not None:
+            continue  # runs in its sandbox; costed by the host-side figures of the policy
+        kind = stage_kind(name, config.model_version, classes)
+        if kind is None:
+            continue
+        plugin = classes[kind]()
+        for variant in config.variants:
+            hints[f"{name}/{variant}"] = combined_hint(plugin.graphs(str(variant)))
+    return hints

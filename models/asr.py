@@ -59,6 +59,7 @@ class SpeechRecognizer(ModelStage):
     loop (a KV cache) drives the torch decoder graph's native module; the VAD is an ONNX graph."""
 
     name = "asr"
+    model_ids = ("whisper-tiny.en",)
     runtimes = ("onnxruntime", "openvino", "torch")
 
     def __init__(
@@ -181,11 +182,11 @@ class SpeechRecognizer(ModelStage):
             resident_bytes=4 * _ENCODER_PARAMS * 2,
             batchable=False,
         )
-        weights = build_once(self.weights_path, _convert_weights)
+        weights = self.weights_path
         encoder_source: Any = (
             partial(_torch_encoder, weights)
             if graph_format is GraphFormat.TORCH
-            else build_once(self.encoder_path, self._export_encoder)
+            else self.encoder_path
         )
         decoder_hint = BandwidthHint(
             flops_per_item=2.0 * _DECODER_PARAMS * _TYPICAL_TOKENS,

@@ -114,13 +114,12 @@ class ModelStage(StagePlugin):
         self, variant: str = "full", graph_format: GraphFormat | None = None
     ) -> Mapping[str, ComputeGraph]:
         """The stage's graphs for ``variant`` in ``graph_format`` (the preferred one by
-        default), with their cost hints; exports artefacts if they are missing."""
+        default), with their cost hints. Cheap: their files exist once :meth:`prepare` ran."""
         self._check_variant(variant)
         chosen = GraphFormat(graph_format) if graph_format is not None else self.formats[0]
         if chosen not in self.formats:
             offered = ", ".join(f.value for f in self.formats)
             raise ValueError(f"stage {self.name!r} has no {chosen.value} graphs ({offered})")
-        self.prepare()
         return self._graphs(variant, chosen)
 
     # --- used by itself -----------------------------------------------------------------
@@ -169,7 +168,8 @@ class ModelStage(StagePlugin):
 
     @abc.abstractmethod
     def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
-        """The graphs in ``graph_format`` (one of :attr:`formats`), artefacts prepared."""
+        """The graphs in ``graph_format`` (one of :attr:`formats`); sources may be files
+        :meth:`prepare` creates."""
 
     def _prepare(self) -> None:
         """Write derived artefacts; the default has none."""

@@ -39,6 +39,7 @@ class TextEmbedder(ModelStage):
     group of texts, and a batch of groups is one run."""
 
     name = "text_embed"
+    model_ids = ("all-minilm-l6-v2",)
     runtimes = ("onnxruntime", "openvino", "torch")
     batchable = True
 
@@ -137,11 +138,7 @@ class TextEmbedder(ModelStage):
             batchable=True,
             max_batch=64,
         )
-        source: Any = (
-            _torch_encoder
-            if graph_format is GraphFormat.TORCH
-            else build_once(self.onnx_path, _export_onnx)
-        )
+        source: Any = _torch_encoder if graph_format is GraphFormat.TORCH else self.onnx_path
         graph = ComputeGraph(
             f"{self.name}/encoder",
             graph_format,

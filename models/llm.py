@@ -37,6 +37,7 @@ class TextGenerator(ModelStage):
     """SmolLM2-135M-Instruct; torch only (the ONNX export is 650 MB and has no KV cache)."""
 
     name = "llm_generate"
+    model_ids = ("smollm2-135m-instruct",)
     runtimes = ("torch",)
 
     def __init__(

@@ -120,6 +120,7 @@ class TextReader(ModelStage):
     post-processing; the three networks run on the device the stage is placed on."""
 
     name = "ocr"
+    model_ids = ("pp-ocrv4",)
     runtimes = ("onnxruntime", "openvino")
 
     def __init__(

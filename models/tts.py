@@ -71,6 +71,7 @@ class SpeechSynthesizer(ModelStage):
     is ``(text, speed)``; its result is a 16-bit mono WAV file."""
 
     name = "tts"
+    model_ids = ("piper-joe-medium",)
     runtimes = ("onnxruntime", "openvino")
 
     def __init__(

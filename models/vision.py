@@ -59,6 +59,7 @@ class VisionEncoder(ModelStage):
     images is one run."""
 
     name = "vision_encode"
+    model_ids = ("efficientnet-lite0",)
     runtimes = ("onnxruntime", "openvino", "torch")
     batchable = True
 
@@ -156,11 +157,7 @@ class VisionEncoder(ModelStage):
             batchable=True,
             max_batch=64,
         )
-        source: Any = (
-            _build_torch_module
-            if graph_format is GraphFormat.TORCH
-            else build_once(self.onnx_path, _export_onnx)
-        )
+        source: Any = _build_torch_module if graph_format is GraphFormat.TORCH else self.onnx_path
         graph = ComputeGraph(
             f"{self.name}/encoder",
             graph_format,

@@ -104,10 +104,11 @@ class NaiveScheduler:
         self.clock = clock
         self.tasks: list[StageTask] = []
         self.backlog = {d.id: 0.0 for d in devices}
-        self.hints = {
-            f"{name}/full": hint_from_variant(stage.variants["full"])
-            for name, stage in policy.spec.stages.items()
-        }
+        self.hints = {}
+        for name, stage in policy.spec.stages.items():
+            hint = hint_from_variant(stage.variants["full"])
+            assert hint is not None, "the bench's policy gives every stage its figures"
+            self.hints[f"{name}/full"] = hint
         self.weights = {n: c.weight for n, c in policy.spec.qos.classes.items()}
 
     def enqueue(self, task: StageTask) -> None:

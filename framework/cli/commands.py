@@ -14,6 +14,7 @@ from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
 from hetero.framework.plan import plan_policy
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
+from hetero.framework.stage_plugin import plugin_hints, stage_plugins
 from hetero.framework.topology import Topology
 
 
@@ -162,7 +163,7 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
     """Validate a policy and print, per stage, eligible devices and roofline cost per item."""
     policy = load_policy(policy_path)
     fleet = resolve_fleet(policy, registry)
-    plans = plan_policy(policy, fleet)
+    plans = plan_policy(policy, fleet, plugin_hints(policy, stage_plugins(registry)))
     if as_json:
         payload = {
             "policy": policy.spec.name,

@@ -161,11 +161,13 @@ class GraphSource(_Frozen):
 
 
 class VariantConfig(_Frozen):
-    """One graph variant of a stage with its BandwidthHint figures."""
+    """One graph variant of a stage: batching, and its BandwidthHint figures where no stage
+    plugin gives them (a stage a plugin serves is costed by the plugin's graphs, the one
+    source; figures here are for simulated and planned fleets)."""
 
     graph: GraphSource | None = None
-    flops_per_item: FlopCount
-    bytes_per_item: ByteCount
+    flops_per_item: FlopCount | None = None
+    bytes_per_item: ByteCount | None = None
     input_bytes: Bytes = 0
     output_bytes: Bytes = 0
     resident_bytes: Bytes = 0

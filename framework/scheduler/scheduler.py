@@ -163,7 +163,12 @@ class Scheduler:
         self.tables: dict[str, _Tables] = {}
         for name, stage in spec.stages.items():
             for variant_name, variant in stage.variants.items():
-                costs = self._costs(name, variant_name, hint_from_variant(variant))
+                # No figures in the policy: the stage plugin's hint arrives with set_hint();
+                # until then the stage costs nothing (only its batch size is known).
+                hint = hint_from_variant(variant) or BandwidthHint(
+                    0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
+                )
+                costs = self._costs(name, variant_name, hint)
                 self.tables[costs.key] = _Tables.fresh(costs, count)
         classes = {
             name: QueueClass(weight=c.weight, bound=c.queue_bound)

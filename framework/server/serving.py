@@ -30,8 +30,7 @@ from hetero.framework.registry import Registry, default_registry
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.stages import discover_stage_models, stage_kind
-from hetero.framework.stage_plugin import Generation, StagePlugin
+from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
 
 __all__ = [
     "SandboxProvider",
@@ -194,7 +193,7 @@ class Serving:
         classes = self._classes()
         out = []
         for name, config in self.spec.stages.items():
-            kind = stage_kind(name, config)
+            kind = stage_kind(name, config.model_version, classes)
             if kind is None or kind not in classes:
                 self._unserve(name, "no model" if kind is None else f"no {kind} model plugin")
                 continue
@@ -203,7 +202,7 @@ class Serving:
 
     def _classes(self) -> dict[str, Any]:
         if self._stage_models is None:
-            self._stage_models = discover_stage_models(self._registry)
+            self._stage_models = stage_plugins(self._registry)
         return self._stage_models
 
     def _unserve(self, name: str, reason: str) -> None:

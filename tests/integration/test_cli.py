@@ -89,7 +89,7 @@ def test_plan_json_for_a_simulated_fleet() -> None:
     [
         (
             ("max_batch: 4\n      light:", "max_batch: -3\n      light:"),
-            ":44: stages.ocr.variants.full.max_batch: expected a positive integer, got -3",
+            ":27: stages.ocr.variants.full.max_batch: expected a positive integer, got -3",
         ),
         (("  ocr:\n", "  ocr:\n   - x: [\n"), ": YAML syntax error"),
     ],

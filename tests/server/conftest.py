@@ -167,10 +167,11 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThr
 @pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     from hetero.framework.registry import default_registry
-    from hetero.framework.server.stages import KINDS, discover_stage_models
+    from hetero.framework.stage_plugin import stage_plugins
 
-    found = discover_stage_models(default_registry())
-    missing = sorted(set(KINDS) - set(found))
+    found = stage_plugins(default_registry())
+    kinds = {"vision_encode", "ocr", "asr", "tts", "text_embed", "llm_generate"}
+    missing = sorted(kinds - set(found))
     if missing:
         pytest.fail(f"real model stages missing (make venv installs them): {missing}")
     runtime = Serving(

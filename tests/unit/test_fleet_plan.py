@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from hetero.framework.errors import PolicyError
 from hetero.framework.fleet import resolve_fleet, simulated_devices
-from hetero.framework.plan import plan_policy
+from hetero.framework.plan import cost_on, plan_policy
 from hetero.framework.policy import load_policy, load_policy_text
 from hetero.framework.registry import Registry
+from hetero.framework.stage_plugin import combined_hint, plugin_hints, stage_plugins
+from hetero.models.embed import TextEmbedder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,9 +77,18 @@ def test_plan_costs_are_the_roofline_and_ineligible_devices_say_why() -> None:
 
 def test_default_policy_plans_on_this_hosts_cpu() -> None:
     policy = load_policy(REPO / "policies" / "default.yaml")
-    fleet = resolve_fleet(policy, Registry())
+    registry = Registry()
+    fleet = resolve_fleet(policy, registry)
     ids = {d.id for d in fleet.devices}
     assert {"npu:openvino/CPU", "npu:onnxruntime/CPUExecutionProvider"} <= ids
     assert {d.name for d in fleet.unavailable} >= {"cuda", "rocm"}
-    plans = plan_policy(policy, fleet)
+    hints = plugin_hints(policy, stage_plugins(registry))
+    plans = plan_policy(policy, fleet, hints)
     assert all(plan.costs for plan in plans), "every stage has somewhere to run"
+    # One source of cost: the plugin's graphs, not a second copy in the policy.
+    embed = next(p for p in plans if (p.stage, p.variant) == ("text_embed", "full"))
+    graphs = TextEmbedder().graphs("full")
+    device = next(d for d in fleet.devices if d.id == embed.costs[0].device_id)
+    assert embed.costs[0] == cost_on(combined_hint(graphs), device)
+    with pytest.raises(PolicyError, match="flops_per_item and bytes_per_item are needed"):
+        plan_policy(policy, fleet)  # the policy alone has no figures for these stages
