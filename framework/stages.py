@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
@@ -111,6 +111,15 @@ class Pipeline:
             tuple(name for name in self.order if depth[name] == level)
             for level in range(max(depth.values()) + 1)
         )
+
+    def ready_steps(self, done: Collection[str], started: Collection[str]) -> list[str]:
+        """Steps not yet started whose dependencies are all ``done``, in DAG order: the one
+        readiness walk the engine and the simulator share."""
+        return [
+            name
+            for name in self.order
+            if name not in started and all(dep in done for dep in self.steps[name].after)
+        ]
 
     @property
     def sources(self) -> tuple[str, ...]:

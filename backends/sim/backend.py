@@ -22,9 +22,11 @@ __all__ = ["SimBackend", "modelled_batch_seconds"]
 LAUNCH_OVERHEAD_S = 20e-6
 
 
-def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: int) -> float:
+def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: float) -> float:
     """Modelled duration of one batch on ``device``: the roofline batch time
-    (:meth:`BandwidthHint.batch_seconds`: weights read once per batch) plus a launch overhead."""
+    (:meth:`BandwidthHint.batch_seconds`: weights read once per batch) plus a launch overhead.
+    ``batch`` may be fractional (items of different sizes add up to nominal items). The one
+    formula: the sim backend reports it per run and the simulator uses it per batch."""
     peak = device.peak_flops_for(hint.dtype)
     bandwidth = device.memory_bandwidth_bytes_per_s
     return LAUNCH_OVERHEAD_S + hint.batch_seconds(peak, bandwidth, batch)

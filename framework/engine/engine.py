@@ -43,9 +43,7 @@ from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
 from hetero.framework.scheduler import (
-    Admission,
     BreakerState,
-    ComplexityBreaker,
     Dispatch,
     OutputHandle,
     Rejection,
@@ -54,6 +52,7 @@ from hetero.framework.scheduler import (
     StageTask,
     WallClock,
 )
+from hetero.framework.scheduler.admission import StageAdmission
 from hetero.framework.stage_cache import StageCache
 from hetero.framework.stage_plugin import StagePlugin, combined_hint
 from hetero.framework.stages import Pipeline, PipelineStep
@@ -180,7 +179,7 @@ class Engine:
                     hint = combined_hint(plugin.graphs(str(variant)))
                     self.scheduler.set_hint(stage, str(variant), hint)
         self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
-        self._admission: dict[str, ComplexityBreaker] = {}
+        self.admission = StageAdmission(policy)
         self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -452,37 +451,25 @@ class Engine:
     ) -> tuple[str, str]:
         """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason);
         :class:`ShedError` (429) when the complexity breaker sheds it."""
-        spec = self.policy.spec
-        qos = qos_class or spec.qos.default_class
-        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
-        has_light = "light" in spec.stages[stage].variants
+        qos = qos_class or self.policy.spec.qos.default_class
         depth = self.scheduler.queued(stage) + self._running.get(stage, 0)
-        reason = ""
-        if profile is not None:
-            breaker = self._breaker(stage)
+        try:
             with self._lock:
-                decision = breaker.decide(profile, self._queue_delay_s(stage, depth), deadline_s)
-            if decision.action is Admission.SHED:
-                self.metrics.shed.labels(stage, "complexity").inc()
-                raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
-            if decision.action is Admission.DEGRADE:
-                reason = decision.reason
-        if has_light and depth >= spec.server.degrade_queue_depth:
-            reason = f"queue depth {depth} >= {spec.server.degrade_queue_depth}"
-        if reason and has_light:
-            kind = "queue" if reason.startswith("queue") else "complexity"
-            self.metrics.degraded.labels(stage, kind).inc()
+                result = self.admission.decide(
+                    stage,
+                    qos,
+                    profile,
+                    depth=depth,
+                    queue_delay_s=self._queue_delay_s(stage, depth),
+                )
+        except ShedError:
+            self.metrics.shed.labels(stage, "complexity").inc()
+            raise
+        if result.variant == "light":
+            self.metrics.degraded.labels(stage, result.cause).inc()
             if stage in self.status:
                 self.status[stage].light_runs += 1
-            return "light", reason
-        return "full", ""
-
-    def _breaker(self, stage: str) -> ComplexityBreaker:
-        breaker = self._admission.get(stage)
-        if breaker is None:
-            breaker = ComplexityBreaker(self.policy.spec.circuit_breaker.complexity)
-            self._admission[stage] = breaker
-        return breaker
+        return result.variant, result.reason
 
     def _queue_delay_s(self, stage: str, depth: int) -> float:
         """How long a new task of ``stage`` waits: the work ahead, at the measured pace."""

@@ -45,12 +45,7 @@ class RequestState:
     def ready_steps(self) -> list[str]:
         """Steps not started whose dependencies are all done."""
         started = set(self.outputs) | {t.step for t in self.live_tasks.values()}
-        return [
-            name
-            for name in self.pipeline.order
-            if name not in started
-            and all(dep in self.outputs for dep in self.pipeline.steps[name].after)
-        ]
+        return self.pipeline.ready_steps(self.outputs, started)
 
     def done(self) -> bool:
         """Every sink step has its output."""

@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.backends.sim.backend import LAUNCH_OVERHEAD_S
+from hetero.backends.sim.backend import modelled_batch_seconds
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler import (
-    Admission,
     Batcher,
-    ComplexityBreaker,
     Dispatch,
     OutputHandle,
     Rejection,
@@ -34,6 +32,7 @@ from hetero.framework.scheduler import (
     StageTask,
     VirtualClock,
 )
+from hetero.framework.scheduler.admission import StageAdmission
 from hetero.framework.simulator.arrivals import (
     RequestSource,
     check_against_policy,
@@ -86,7 +85,7 @@ class _Simulation:
         self.scheduler = Scheduler(
             policy, devices, topology, self.clock, placement=placement, eviction=eviction
         )
-        self.admission = ComplexityBreaker(policy.spec.circuit_breaker.complexity)
+        self.admission = StageAdmission(policy)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
         self.events: list[tuple[float, int, int, object]] = []
         self.sequence = itertools.count()
@@ -173,7 +172,6 @@ class _Simulation:
     def _arrive(self, request: SimRequest, client: int | None) -> None:
         spec = self.policy.spec
         qos = request.qos or spec.qos.default_class
-        deadline = self.metrics.deadlines[qos]
         if request.arrival >= self.workload.spec.warmup_s:
             self.metrics.offered_by_class[qos] += 1
         profile = RequestProfile(
@@ -181,15 +179,24 @@ class _Simulation:
             image_pixels=request.images * request.image_pixels,
             audio_seconds=request.audio_seconds,
         )
-        decision = self.admission.decide(profile, self.scheduler.queue_delay_s(), deadline)
-        if decision.action is Admission.SHED:
+        pipeline = self.policy.pipeline_for_route(request.route)
+        first = pipeline.steps[pipeline.order[0]].stage
+        try:  # the engine's admission, judged against the simulated queue
+            admitted = self.admission.decide(
+                first,
+                qos,
+                profile,
+                depth=self.scheduler.queued(first),
+                queue_delay_s=self.scheduler.queue_delay_s(),
+            )
+        except ShedError:
             self._shed(client)
             return
         run = _RequestRun(
             request=request,
-            pipeline=self.policy.pipeline_for_route(request.route),
+            pipeline=pipeline,
             qos=qos,
-            variant="light" if decision.action is Admission.DEGRADE else "full",
+            variant=admitted.variant,
             client=client,
         )
         self.runs[request.index] = run
@@ -213,11 +220,7 @@ class _Simulation:
 
     def _enqueue_ready(self, run: _RequestRun) -> bool:
         stages = self.policy.spec.stages
-        for step in run.pipeline.order:
-            if step in run.started or not all(
-                d in run.done for d in run.pipeline.steps[step].after
-            ):
-                continue
+        for step in run.pipeline.ready_steps(run.done, run.started):
             stage = run.pipeline.steps[step].stage
             task = StageTask(
                 request_id=str(run.request.index),
@@ -323,10 +326,7 @@ class _Simulation:
         items = float(sum(self._scale(d) for d in batch))
         # Inputs move before compute, in parallel: the slowest one counts.
         duration += max(self._transfer_s(d, index) for d in batch)
-        peak = device.spec.peak_flops_for(hint.dtype)
-        run_s = LAUNCH_OVERHEAD_S + hint.batch_seconds(
-            peak, device.spec.memory_bandwidth_bytes_per_s, items
-        )
+        run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's own formula
         duration += run_s
         now = self.clock.now()
         for dispatch in batch:
