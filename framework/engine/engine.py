@@ -424,7 +424,7 @@ class Engine:
             raise UnknownRouteError(route, tuple(sorted(spec.routes)))
         pipeline = self.policy.pipeline_for_route(route)
         payload = {name: np.asarray(value) for name, value in payload.items()}
-        return self._submit(route, pipeline, payload, qos_class, profile, principal, None)
+        return self._submit(route, pipeline, payload, qos_class, profile, principal, None, None)
 
     def submit_stage(
         self,
@@ -435,16 +435,21 @@ class Engine:
         profile: RequestProfile | None = None,
         principal: Any = None,
         variant: str | None = None,
+        request_id: str | None = None,
     ) -> Future[EngineResult]:
         """Run one stage on one payload (what its plugin takes); the future's
         ``outputs[stage]`` is the plugin's result and ``devices[stage]`` where it ran.
-        ``variant`` skips admission's choice (the caller already chose)."""
+        ``variant`` skips admission's choice (the caller already chose); ``request_id`` (the
+        caller's, e.g. the HTTP request's) prefixes the engine's id, which the access gate
+        records."""
         pipeline = self._single.get(stage)
         if pipeline is None:
             if stage not in self.plugins:
                 raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
             pipeline = self._single[stage] = Pipeline(stage, {stage: PipelineStep(stage)})
-        return self._submit(stage, pipeline, payload, qos_class, profile, principal, variant)
+        return self._submit(
+            stage, pipeline, payload, qos_class, profile, principal, variant, request_id
+        )
 
     def admit(
         self, stage: str, qos_class: str | None, profile: RequestProfile | None
@@ -490,6 +495,7 @@ class Engine:
         profile: RequestProfile | None,
         principal: Any,
         variant: str | None,
+        caller_id: str | None,
     ) -> Future[EngineResult]:
         spec = self.policy.spec
         qos = qos_class or spec.qos.default_class
@@ -497,7 +503,8 @@ class Engine:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
         deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
-        request_id = f"req-{next(_request_ids)}"
+        number = next(_request_ids)
+        request_id = f"{caller_id}:{number}" if caller_id else f"req-{number}"
         self._authorize(pipeline, route, principal, request_id)
         if self._stopping:
             raise ShedError("engine is shutting down", status=503)

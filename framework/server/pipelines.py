@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetero.framework.scheduler.breakers import RequestProfile
@@ -216,7 +216,7 @@ async def _step(
         "text": text,
         "finish_reason": final["finish_reason"],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": final["completion_tokens"]},
-    }, run
+    }, replace(run, device=final["device"])
 
 
 async def run_pipeline(

@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,14 @@ def _check_model(rt: Serving, kind: str, model: str, param: str = "model") -> Se
             code="model_not_found",
         )
     return stage
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _stages_header(runs: list[StageRun]) -> dict[str, str]:
@@ -166,18 +175,13 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
         request_id=request_id,
         prompt_tokens=prompt_tokens,
     )
-    runs.append(run)
     model = rt.model_id(stage)
     created = int(time.time())
     if not body.stream:
         text = "".join([piece async for piece in pieces])
         final = await summary
+        runs.append(replace(run, device=final["device"]))  # where it really ran
         rt.metrics.generated_tokens.inc(final["completion_tokens"])
-        usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": final["completion_tokens"],
-            "total_tokens": prompt_tokens + final["completion_tokens"],
-        }
         return JSONResponse(
             {
                 "id": request_id,
@@ -192,7 +196,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
                         "logprobs": None,
                     }
                 ],
-                "usage": usage,
+                "usage": _usage(prompt_tokens, final["completion_tokens"]),
                 "hetero": {"stages": [r.to_dict() for r in runs]},
             },
             headers=_stages_header(runs),
@@ -227,24 +231,20 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
             rt.metrics.generated_tokens.inc(final["completion_tokens"])
             yield chunk({}, final["finish_reason"])
             if include_usage:
-                usage = {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": final["completion_tokens"],
-                    "total_tokens": prompt_tokens + final["completion_tokens"],
-                }
                 payload = {
                     "id": request_id,
                     "object": "chat.completion.chunk",
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": usage,
+                    "usage": _usage(prompt_tokens, final["completion_tokens"]),
                 }
                 yield b"data: " + json.dumps(payload).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
             await pieces.aclose()  # type: ignore[attr-defined]
 
+    runs.append(run)  # streamed: the headers go before the run, so where it starts
     return StreamingResponse(
         events(),
         media_type="text/event-stream",

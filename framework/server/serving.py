@@ -358,11 +358,6 @@ class Serving:
                 code="authentication_required",
             )
 
-    def _variant(
-        self, engine: Engine, stage: ServedStage, caller: Caller, profile: RequestProfile
-    ) -> tuple[str, str]:
-        return engine.admit(stage.name, caller.qos_class, profile)
-
     async def _submit(
         self,
         engine: Engine,
@@ -370,6 +365,7 @@ class Serving:
         payload: Any,
         variant: str,
         caller: Caller,
+        request_id: str | None,
         on_cancel: Callable[[], None] | None = None,
     ) -> tuple[Any, str]:
         try:
@@ -379,6 +375,7 @@ class Serving:
                 qos_class=caller.qos_class,
                 principal=caller.principal,
                 variant=variant,
+                request_id=request_id,
             )
         except PermissionError as err:
             raise APIError(403, f"stage {stage.name!r}: {err}", code="access_denied") from err
@@ -417,11 +414,11 @@ class Serving:
         profile: RequestProfile | None = None,
         content: bytes | None = None,
     ) -> tuple[Any, StageRun]:
-        """One item through one stage (admission, cache, engine, mask)."""
-        del request_id  # the engine numbers its requests; the audit records its own ids
+        """One item through one stage (admission, cache, engine, mask); ``request_id`` (the
+        HTTP request's) prefixes the engine's id, which access checks and the audit record."""
         engine = self._engine()
         self._admit(stage, caller)
-        variant, reason = self._variant(engine, stage, caller, profile or RequestProfile())
+        variant, reason = engine.admit(stage.name, caller.qos_class, profile or RequestProfile())
         key = None
         if content is not None and self._cacheable(stage):
             assert self.cache is not None
@@ -432,7 +429,7 @@ class Serving:
                 run = StageRun(stage.name, "cache", variant, cached=True, reason=reason)
                 return self._mask(stage, caller, _from_cache(stage.kind, hit)), run
             self.metrics.cache_misses.labels(stage.name).inc()
-        value, device = await self._submit(engine, stage, payload, variant, caller)
+        value, device = await self._submit(engine, stage, payload, variant, caller, request_id)
         if key is not None and self.cache is not None:
             self.cache.put(key, _to_cache(stage.kind, value))
         return self._mask(stage, caller, value), StageRun(
@@ -443,12 +440,11 @@ class Serving:
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
         """Embeddings of ``texts`` ``[N, 384]``; cached text by text, misses in one request."""
-        del request_id
         stage = self.stage_of_kind("text_embed")
         engine = self._engine()
         self._admit(stage, caller)
-        tokens = sum(len(t) for t in texts) // 4
-        variant, reason = self._variant(engine, stage, caller, RequestProfile(text_tokens=tokens))
+        profile = RequestProfile(text_tokens=sum(len(t) for t in texts) // 4)
+        variant, reason = engine.admit(stage.name, caller.qos_class, profile)
         vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
         keys: list[Any] = [None] * len(texts)
         if self._cacheable(stage):
@@ -467,7 +463,7 @@ class Serving:
             if self._cacheable(stage):
                 self.metrics.cache_misses.labels(stage.name).inc(len(missing))
             computed, device = await self._submit(
-                engine, stage, [texts[i] for i in missing], variant, caller
+                engine, stage, [texts[i] for i in missing], variant, caller, request_id
             )
             for row, index in enumerate(missing):
                 vectors[index] = computed[row]
@@ -489,15 +485,15 @@ class Serving:
     ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
         """Start generating; returns (pieces as they come, the final summary, how it runs).
 
-        The summary's ``device`` says where it ran. Closing the iterator early (a client that
-        went away) stops generation on its device.
+        The summary's ``device`` says where it ran (the returned run's device is where the stage
+        is resident when it starts). Closing the iterator early (a client that went away) stops
+        generation on its device.
         """
-        del request_id
         stage = self.stage_of_kind("llm_generate")
         engine = self._engine()
         self._admit(stage, caller)
         profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
-        variant, reason = self._variant(engine, stage, caller, profile)
+        variant, reason = engine.admit(stage.name, caller.qos_class, profile)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
 
@@ -511,7 +507,7 @@ class Serving:
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
         task = asyncio.ensure_future(
-            self._submit(engine, stage, job, variant, caller, on_cancel=job.stop.set)
+            self._submit(engine, stage, job, variant, caller, request_id, on_cancel=job.stop.set)
         )
 
         def finished(done: asyncio.Future[tuple[Any, str]]) -> None:
