@@ -24,6 +24,7 @@ __all__ = ["TextEmbedder"]
 
 DIM = 384
 MAX_TOKENS = 256  # sentence-transformers' max_seq_length for this model
+CHUNK = 16  # texts per run: sorted by length, so each pads only to its neighbours
 _ONNX_NAME = "all_minilm_l6_v2-v1.onnx"
 _PARAMS = 22_713_216
 _NON_EMBEDDING_PARAMS = 10_800_000  # the six layers; the 30522x384 token table is a lookup
@@ -106,16 +107,26 @@ class TextEmbedder(ModelStage):
         return results
 
     def _embed(self, runner: GraphRunner, texts: list[str]) -> np.ndarray:
+        """Texts sorted by length and run in chunks of similar length: a batch of many
+        requests pads each text only to its neighbours' length, not to the longest of all
+        (attention over padding is wasted work)."""
         self.setup()
         encodings = self._tokenizer.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out = np.zeros((len(texts), DIM), dtype=np.float32)
+        for start in range(0, len(order), CHUNK):
+            rows = order[start : start + CHUNK]
+            out[rows] = self._pooled(runner, [encodings[i] for i in rows])
+        return out
+
+    def _pooled(self, runner: GraphRunner, encodings: list[Any]) -> np.ndarray:
+        width = max(len(e.ids) for e in encodings)
         feeds = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+            name: np.array([_pad(getattr(e, attr), width) for e in encodings], dtype=np.int64)
+            for name, attr in zip(_INPUTS, ("ids", "attention_mask", "type_ids"), strict=True)
         }
         hidden = next(iter(runner.run("encoder", feeds).values()))
-        mask = feeds["attention_mask"]
-        weights = mask[:, :, None].astype(np.float32)
+        weights = feeds["attention_mask"][:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         unit: np.ndarray = pooled / np.clip(norms, 1e-12, None)
@@ -158,6 +169,10 @@ def _check_texts(texts: Sequence[str]) -> None:
             raise InvalidInputError(f"text {index}: empty text cannot be embedded")
 
 
+def _pad(values: list[int], width: int) -> list[int]:
+    return [*values, *([0] * (width - len(values)))]  # [PAD] is 0, its mask 0
+
+
 def _load_tokenizer(*, for_counting: bool = False) -> Any:
     from tokenizers import Tokenizer
 
@@ -167,7 +182,7 @@ def _load_tokenizer(*, for_counting: bool = False) -> Any:
         tokenizer.no_padding()
     else:
         tokenizer.enable_truncation(MAX_TOKENS)
-        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        tokenizer.no_padding()  # padded per chunk of similar length (TextEmbedder._embed)
     return tokenizer
 
 
