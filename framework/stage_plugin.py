@@ -22,6 +22,7 @@ import numpy as np
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
+from hetero.framework.request_profile import RequestProfile
 
 __all__ = [
     "Generation",
@@ -117,6 +118,11 @@ class StagePlugin(abc.ABC):
     def items(self, payload: Any) -> int:
         """How many nominal items of the cost hint one payload is (texts in a group)."""
         return 1
+
+    def profile(self, payload: Any) -> RequestProfile | None:
+        """How heavy one payload is, measured cheaply (an image's header, an audio file's
+        length, text length), for admission; None: not judged."""
+        return None
 
     def probe_payload(self) -> Any:
         """A small representative request, to calibrate the cost model at warm-up (None: the

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import speech_like_wav
 from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import build_once, package_file
-from hetero.models.base import ModelStage, each
+from hetero.models.base import ModelStage, audio_profile, each
 from hetero.models.media import decode_audio, resample
 from hetero.models.vad import speech_segments, vad_graph
 
@@ -106,6 +107,9 @@ class SpeechRecognizer(ModelStage):
 
     def probe_payload(self) -> Any:
         return speech_like_wav(1.0)
+
+    def profile(self, payload: Any) -> RequestProfile:
+        return audio_profile(payload)
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is one audio file's bytes; results are ``{"text", "duration_s",

@@ -20,11 +20,21 @@ from typing import Any, ClassVar
 
 from hetero.framework.errors import BackendError
 from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.runner import LoadedGraphs, open_graphs
 from hetero.framework.stage_plugin import GraphRunner, StagePlugin
 from hetero.models.assets import model_cache_dir, offline_hub
 
-__all__ = ["RUNTIMES", "RUNTIME_DEVICES", "VARIANTS", "ModelStage", "each"]
+__all__ = [
+    "RUNTIMES",
+    "RUNTIME_DEVICES",
+    "VARIANTS",
+    "ModelStage",
+    "audio_profile",
+    "each",
+    "image_profile",
+    "text_profile",
+]
 
 RUNTIMES = ("onnxruntime", "openvino", "torch")
 VARIANTS = ("full", "light")
@@ -54,6 +64,32 @@ def each(function: Callable[[Any], Any], payloads: Sequence[Any]) -> list[Any]:
         except Exception as err:
             results.append(err)
     return results
+
+
+def image_profile(data: bytes) -> RequestProfile:
+    """Pixels of an image from its header (nothing is decoded)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+    return RequestProfile(image_pixels=width * height)
+
+
+def audio_profile(data: bytes) -> RequestProfile:
+    """Seconds of an audio file from its header (nothing is decoded)."""
+    import io
+
+    import soundfile
+
+    info = soundfile.info(io.BytesIO(data))
+    return RequestProfile(audio_seconds=float(info.frames) / float(info.samplerate))
+
+
+def text_profile(characters: int) -> RequestProfile:
+    """Tokens of text, estimated from its length (4 characters a token)."""
+    return RequestProfile(text_tokens=characters // 4)
 
 
 class ModelStage(StagePlugin):

@@ -16,9 +16,10 @@ import numpy as np
 
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import build_once, package_dir
-from hetero.models.base import ModelStage
+from hetero.models.base import ModelStage, text_profile
 
 __all__ = ["TextEmbedder"]
 
@@ -84,6 +85,9 @@ class TextEmbedder(ModelStage):
 
     def probe_payload(self) -> Any:
         return ["A man is eating food.", "Someone is having a meal."]
+
+    def profile(self, payload: Any) -> RequestProfile:
+        return text_profile(sum(len(text) for text in payload))
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is a list of texts; the batch's texts go through one run, and each

@@ -18,6 +18,7 @@ from typing import Any
 
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.stage_plugin import Generation, GraphRunner
 from hetero.models.assets import build_once, package_dir
 from hetero.models.base import ModelStage, each
@@ -98,6 +99,10 @@ class TextGenerator(ModelStage):
 
     def probe_payload(self) -> Any:
         return Generation([{"role": "user", "content": "Say hi."}], max_tokens=4)
+
+    def profile(self, payload: Any) -> RequestProfile:
+        characters = sum(len(str(m.get("content", ""))) for m in payload.messages)
+        return RequestProfile(text_tokens=characters // 4 + payload.max_tokens)
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is a :class:`Generation`: its pieces go to ``on_piece`` as they are

@@ -20,10 +20,11 @@ import numpy as np
 
 from hetero.framework.errors import ExecutionError, InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import text_page_png
 from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import package_file
-from hetero.models.base import ModelStage, each
+from hetero.models.base import ModelStage, each, image_profile
 from hetero.models.media import decode_image
 
 __all__ = ["OcrLine", "OcrResult", "TextReader"]
@@ -147,6 +148,9 @@ class TextReader(ModelStage):
 
     def probe_payload(self) -> Any:
         return text_page_png(["Calibration page", "hetero 2026"])
+
+    def profile(self, payload: Any) -> RequestProfile:
+        return image_profile(payload)
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is one image's bytes; results are ``{"text": lines joined by

@@ -24,9 +24,10 @@ import numpy as np
 
 from hetero.framework.errors import InvalidInputError, MissingProgramError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import package_file
-from hetero.models.base import ModelStage, each
+from hetero.models.base import ModelStage, each, text_profile
 
 __all__ = ["Speech", "SpeechSynthesizer", "phonemize"]
 
@@ -100,6 +101,9 @@ class SpeechSynthesizer(ModelStage):
 
     def probe_payload(self) -> Any:
         return ("Hello.", 1.0)
+
+    def profile(self, payload: Any) -> RequestProfile:
+        return text_profile(len(payload[0]))
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is ``(text, speed)``; each result the speech as WAV bytes."""

@@ -18,10 +18,11 @@ import numpy as np
 
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import photo_png
 from hetero.framework.stage_plugin import GraphRunner
 from hetero.models.assets import build_once, package_file
-from hetero.models.base import ModelStage
+from hetero.models.base import ModelStage, image_profile
 from hetero.models.media import decode_image
 
 __all__ = ["VisionEncoder", "VisionResult"]
@@ -110,6 +111,9 @@ class VisionEncoder(ModelStage):
 
     def probe_payload(self) -> Any:
         return photo_png(seed=1)
+
+    def profile(self, payload: Any) -> RequestProfile:
+        return image_profile(payload)
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is one image's bytes; results are ``{"embedding": float32 [1280],

@@ -447,9 +447,18 @@ class Engine:
             if stage not in self.plugins:
                 raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
             pipeline = self._single[stage] = Pipeline(stage, {stage: PipelineStep(stage)})
+        if profile is None and variant is None:  # the plugin measures it, cheaply
+            profile = self._profile(stage, payload)
         return self._submit(
             stage, pipeline, payload, qos_class, profile, principal, variant, request_id
         )
+
+    def _profile(self, stage: str, payload: Any) -> RequestProfile | None:
+        try:
+            return self.plugins[stage].profile(payload)
+        except Exception as err:  # a payload it cannot measure is judged by the run itself
+            logger.debug("stage %s: no profile: %s", stage, err)
+            return None
 
     def admit(
         self, stage: str, qos_class: str | None, profile: RequestProfile | None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from hetero.framework.policy.schema import ComplexityBreaker as ComplexityConfig
 from hetero.framework.policy.schema import DeviceBreaker as DeviceBreakerConfig
+from hetero.framework.request_profile import RequestProfile
 
 __all__ = [
     "Admission",
@@ -33,24 +34,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestProfile:
-    """How heavy a request is."""
-
-    text_tokens: int = 0
-    image_pixels: int = 0
-    audio_seconds: float = 0.0
-
-    def score(self, config: ComplexityConfig) -> float:
-        """The weighted sum, in the policy's units."""
-        weights = config.weights
-        return (
-            weights.text_tokens * self.text_tokens / 1000.0
-            + weights.image_pixels * self.image_pixels / 1e6
-            + weights.audio_seconds * self.audio_seconds / 30.0
-        )
 
 
 class Admission(enum.StrEnum):

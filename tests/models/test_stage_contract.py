@@ -104,3 +104,14 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="export failed"):
         build_once(tmp_path / "artefact.onnx", build)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_plugins_measure_a_request_cheaply_for_admission() -> None:
+    from hetero.framework.samples import photo_png, speech_like_wav
+    from hetero.models.asr import SpeechRecognizer
+    from hetero.models.embed import TextEmbedder
+
+    assert VisionEncoder().profile(photo_png(size=(320, 240))).image_pixels == 320 * 240
+    seconds = SpeechRecognizer().profile(speech_like_wav(2.5)).audio_seconds
+    assert abs(seconds - 2.5) < 1e-6
+    assert TextEmbedder().profile(["a" * 40, "b" * 40]).text_tokens == 20
