@@ -7,10 +7,10 @@ reference evaluator, a real independent executor)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from itertools import combinations
 from typing import Any
 
 import pytest
@@ -18,11 +18,9 @@ from fastapi.testclient import TestClient
 
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
-from hetero.framework.samples import photo_png
+from hetero.framework.samples import text_page_png
 from hetero.framework.server import Serving, create_app
 from hetero.models.embed import TextEmbedder
-from hetero.models.tts import SpeechSynthesizer
-from hetero.models.vision import VisionEncoder
 from hetero_dummy_backend import DummyBackend
 
 QOS = """qos:
@@ -110,71 +108,47 @@ def test_the_preferred_plugin_device_serves_and_a_failing_one_is_routed_around(
     assert placed_after - placed_before < 4  # not every new request tries the dummy first
 
 
-BUDGET = (
-    f"""version: 1
-devices:
-  allow: ["{ORT}"]
-  overrides:
-    "{ORT}": {{memory: 190 MB}}
-stages:
-  vision_encode:
-    modality: image
-    model_version: efficientnet-lite0@1
-    min_residency_s: 0.2
-    variants:
-      full: {{flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB, max_batch: 4}}
-  tts:
-    modality: text
-    model_version: piper-joe-medium@1
-    min_residency_s: 0.2
-    variants:
-      full: {{flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB, batchable: false, max_batch: 1}}
-  text_embed:
-    modality: text
-    model_version: all-minilm-l6-v2@1
-    min_residency_s: 0.2
-    variants:
-      full: {{flops_per_item: 1 GFLOPS, bytes_per_item: 1 MB, max_batch: 4}}
-routes:
-  /v1/embeddings: text_embed
-  /v1/audio/speech: tts
-  /v1/image/describe: vision_encode
-scheduler:
-  memory_reserve_fraction: 0.1
-"""
-    + QOS
-)
+TORCH = "npu:torch/cpu"
 
 
-def _resident_hints(serving: Serving) -> dict[str, int]:
-    assert serving.engine is not None
-    tables = serving.engine.scheduler.tables
-    return {name: tables[f"{name}/full"].costs.hint.resident_bytes for name in serving.stages}
+def _budget_policy() -> Any:
+    """The default policy (all six stages), the ONNX stages on ONNX Runtime's CPU device with a
+    210 MB budget (after the 25 % reserve) that holds at most two of them at once, the LLM on
+    torch, and a minimum residency of 0.2 s."""
+    from hetero.framework.policy import builtin_policy_text
+
+    text = builtin_policy_text("default")
+    edits = (
+        (
+            "  allow: [cpu, npu]\n",
+            f'  allow: ["{ORT}", "{TORCH}"]\n  overrides:\n    "{ORT}": {{memory: 280 MB}}\n',
+        ),
+        ("  min_residency_s: 30\n", "  min_residency_s: 0.2\n"),
+        ("cache:\n", "cache:\n  enabled: false\n"),
+    )
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    pins = {s: "onnxruntime" for s in ("vision_encode", "ocr", "asr", "tts", "text_embed")}
+    text += "\nserver:\n  runtimes: " + json.dumps({**pins, "llm_generate": "torch"}) + "\n"
+    return load_policy_text(text, "default-under-a-budget.yaml")
 
 
 def test_a_memory_budget_for_some_models_serves_all_by_evicting_and_reloading() -> None:
-    stages: dict[str, Any] = {
-        "vision_encode": VisionEncoder,
-        "tts": SpeechSynthesizer,
-        "text_embed": TextEmbedder,
-    }
-    serving = Serving(
-        load_policy_text(BUDGET, "budget.yaml"),
-        stage_models=stages,
-        registry=Registry(),
-        probe_runtimes=False,
-    )
+    serving = Serving(_budget_policy(), registry=Registry(), probe_runtimes=False)
     serving.start()
     try:
-        assert set(serving.stages) == set(stages)
-        sizes = _resident_hints(serving)
+        assert set(serving.stages) == set(serving.spec.stages)  # all six
         assert serving.engine is not None
-        capacity = serving.engine.scheduler.memory[0].capacity
-        assert sum(sizes.values()) > capacity  # the budget cannot hold all three
-        assert all(a + b <= capacity for a, b in combinations(sizes.values(), 2))
-        image = photo_png(3)
+        index = serving.engine.scheduler.fleet.index[ORT]
+        manager = serving.engine.scheduler.memory[index]
+        tables = serving.engine.scheduler.tables
+        onnx = ("vision_encode", "ocr", "asr", "tts", "text_embed")
+        sizes = {name: tables[f"{name}/full"].costs.hint.resident_bytes for name in onnx}
+        assert sum(sizes.values()) > 2 * manager.capacity  # at most about half fits at once
+        image = base64.b64encode(text_page_png(["Budget test", "OPEN 9 TO 5"])).decode()
         with TestClient(create_app(serving)) as client:
-            for round_ in range(3):  # a mixed load: each stage in turn, needing the others out
+            for round_ in range(2):  # a mixed load over all six, needing the others out
                 embed = client.post(
                     "/v1/embeddings",
                     json={"model": "all-minilm-l6-v2", "input": [f"Round {round_} text."]},
@@ -183,13 +157,20 @@ def test_a_memory_budget_for_some_models_serves_all_by_evicting_and_reloading() 
                     "/v1/audio/speech",
                     json={"model": "piper-joe-medium", "input": "Hello.", "response_format": "wav"},
                 )
-                vision = client.post("/v1/image/describe", files={"file": ("p.png", image)})
-                assert (embed.status_code, speech.status_code) == (200, 200), speech.text
-                assert vision.status_code == 200, vision.text
+                heard = client.post(
+                    "/v1/audio/transcriptions",
+                    files={"file": ("s.wav", speech.content)},
+                    data={"model": "whisper-tiny.en"},
+                )
+                asked = client.post(  # vision_encode and ocr, then llm_generate on torch
+                    "/v1/pipelines/image_question",
+                    json={"inputs": {"image": image}, "max_tokens": 4},
+                )
+                statuses = [r.status_code for r in (embed, speech, heard, asked)]
+                assert statuses == [200] * 4, [r.text[:200] for r in (embed, speech, heard, asked)]
             evictions = _sample(client, "hetero_model_evictions_total", {"device": ORT})
             loads = _sample(client, "hetero_model_loads_total", {"device": ORT})
-        manager = serving.engine.scheduler.memory[0]
-        assert evictions >= 2 and loads >= len(stages) + 2  # evicted and reloaded
+        assert evictions >= 3 and loads >= len(onnx) + 3  # evicted and reloaded
         assert manager.used <= manager.capacity
         ages = [age for _, age in manager.evicted]
         assert ages and min(ages) >= 0.2  # nothing left before its minimum residency
