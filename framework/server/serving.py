@@ -256,6 +256,9 @@ class Serving:
             nice=dict(self.server.nice),
             probe=self._probe,
         ).start()
+        if self._closing.is_set():  # closed while the engine was being built
+            engine.close()
+            return
         for name in self._planned:
             if self._closing.is_set():
                 break
