@@ -25,7 +25,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetero.framework.backend import Backend
-from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
 from hetero.framework.engine.metrics import Metrics
@@ -230,10 +229,6 @@ class Engine:
         plugin = self.plugins[stage]
         threads = self._threads.get(stage, 0)
         return with_threads(plugin.graphs(variant, graph_format), threads)
-
-    def devices(self) -> tuple[DeviceSpec, ...]:
-        """The devices this engine places on."""
-        return self.fleet.devices
 
     # --- start-up ------------------------------------------------------------------------------
 
