@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from hetero.framework.errors import BackendError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
@@ -29,6 +30,7 @@ __all__ = [
     "GraphRunner",
     "StagePlugin",
     "combined_hint",
+    "each",
     "plugin_hints",
     "stage_kind",
     "stage_plugins",
@@ -131,6 +133,21 @@ class StagePlugin(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the plugin holds outside its graphs (tokenizers, helpers)."""
+
+
+def each(function: Callable[[Any], Any], payloads: Sequence[Any]) -> list[Any]:
+    """``function`` over each payload; an item that raises gets its exception as its result
+    (bad input fails its item, not its batch). A backend's error (the device failed, not the
+    input) is raised: the engine retries the batch on another device."""
+    results: list[Any] = []
+    for payload in payloads:
+        try:
+            results.append(function(payload))
+        except BackendError:
+            raise
+        except Exception as err:
+            results.append(err)
+    return results
 
 
 def combined_hint(graphs: Mapping[str, ComputeGraph]) -> BandwidthHint:

@@ -21,9 +21,9 @@ import numpy as np
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import speech_like_wav
-from hetero.framework.stage_plugin import GraphRunner
+from hetero.framework.stage_plugin import GraphRunner, each
 from hetero.models.assets import build_once, package_file
-from hetero.models.base import ModelStage, audio_profile, each
+from hetero.models.base import ModelStage, audio_profile
 from hetero.models.media import decode_audio, resample
 from hetero.models.vad import speech_segments, vad_graph
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hetero.framework.errors import BackendError
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.runner import LoadedGraphs, open_graphs
@@ -31,7 +30,6 @@ __all__ = [
     "VARIANTS",
     "ModelStage",
     "audio_profile",
-    "each",
     "image_profile",
     "text_profile",
 ]
@@ -49,21 +47,6 @@ _RUNTIME_FORMATS = {
     "openvino": GraphFormat.ONNX,
     "torch": GraphFormat.TORCH,
 }
-
-
-def each(function: Callable[[Any], Any], payloads: Sequence[Any]) -> list[Any]:
-    """``function`` over each payload; an item that raises gets its exception as its result
-    (bad input fails its item, not its batch). A backend's error (the device failed, not the
-    input) is raised: the engine retries the batch on another device."""
-    results: list[Any] = []
-    for payload in payloads:
-        try:
-            results.append(function(payload))
-        except BackendError:
-            raise
-        except Exception as err:
-            results.append(err)
-    return results
 
 
 def image_profile(data: bytes) -> RequestProfile:

@@ -19,9 +19,9 @@ from typing import Any
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
-from hetero.framework.stage_plugin import Generation, GraphRunner
+from hetero.framework.stage_plugin import Generation, GraphRunner, each
 from hetero.models.assets import build_once, package_dir
-from hetero.models.base import ModelStage, each
+from hetero.models.base import ModelStage
 
 __all__ = ["TextGenerator"]
 

@@ -22,9 +22,9 @@ from hetero.framework.errors import ExecutionError, InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import text_page_png
-from hetero.framework.stage_plugin import GraphRunner
+from hetero.framework.stage_plugin import GraphRunner, each
 from hetero.models.assets import package_file
-from hetero.models.base import ModelStage, each, image_profile
+from hetero.models.base import ModelStage, image_profile
 from hetero.models.media import decode_image
 
 __all__ = ["OcrLine", "OcrResult", "TextReader"]

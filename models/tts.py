@@ -25,9 +25,9 @@ import numpy as np
 from hetero.framework.errors import InvalidInputError, MissingProgramError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
-from hetero.framework.stage_plugin import GraphRunner
+from hetero.framework.stage_plugin import GraphRunner, each
 from hetero.models.assets import package_file
-from hetero.models.base import ModelStage, each, text_profile
+from hetero.models.base import ModelStage, text_profile
 
 __all__ = ["Speech", "SpeechSynthesizer", "phonemize"]
 

@@ -22,7 +22,7 @@ from hetero.framework import envs
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
-from hetero.framework.stage_plugin import GraphRunner, StagePlugin
+from hetero.framework.stage_plugin import GraphRunner, StagePlugin, each
 from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
 from hetero.sandbox.device import register_sandbox_devices, sandbox_device
 from hetero.sandbox.gate import ComplianceGate
@@ -198,10 +198,4 @@ class SandboxedStage(StagePlugin):
         """Each payload (image or audio bytes) runs inside the sandbox; results are what the
         stage's model gives (``{"text", "lines"}`` for OCR, ``{"text", "duration_s",
         "speech_s"}`` for speech)."""
-        results: list[Any] = []
-        for data in payloads:
-            try:
-                results.append(self._run(data, variant))
-            except Exception as err:  # a bad input fails its item; the worker lives on
-                results.append(err)
-        return results
+        return each(lambda data: self._run(data, variant), payloads)
