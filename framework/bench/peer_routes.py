@@ -8,11 +8,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetero.framework.scheduler.breakers import RequestProfile
-from hetero.framework.server.bodies import read_json
+from hetero.framework.server.bodies import Text, read_json
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import decode_base64, image_size
+from hetero.framework.server.openapi import json_body
 
 __all__ = ["router"]
 
@@ -21,7 +22,7 @@ router = APIRouter()
 
 class _PeerEmbed(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    texts: list[str] = Field(min_length=1)
+    texts: list[Text] = Field(min_length=1)
 
 
 class _PeerVision(BaseModel):
@@ -29,7 +30,7 @@ class _PeerVision(BaseModel):
     image_b64: str = Field(min_length=1)
 
 
-@router.post("/embed")
+@router.post("/embed", openapi_extra=json_body(_PeerEmbed))
 async def peer_embed(request: Request, caller: CallerDep) -> FastJSONResponse:
     """The peers harness's ``{"texts": [...]}`` -> ``{"embeddings": [[384 floats]...]}``."""
     rt = runtime_of(request)
@@ -40,7 +41,7 @@ async def peer_embed(request: Request, caller: CallerDep) -> FastJSONResponse:
     return FastJSONResponse({"embeddings": vectors})
 
 
-@router.post("/vision")
+@router.post("/vision", openapi_extra=json_body(_PeerVision))
 async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
     """The peers harness's ``{"image_b64"}`` -> ``{"embedding": [1280 floats], "top1": int}``."""
     rt = runtime_of(request)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import mimetypes
+import signal
+import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +113,11 @@ def run_serve(
     bind_port = policy.spec.server.port if port is None else port
     if not 0 <= bind_port <= 65535:
         raise UsageError(f"--port: {bind_port} is not a TCP port")
+    listener = _bind(bind_host, bind_port)  # before "listening on": a busy port is exit 2
     server = uvicorn.Server(
         uvicorn.Config(app, host=bind_host, port=bind_port, log_level="warning", access_log=False)
     )
+    bind_port = listener.getsockname()[1]
     failure: list[BaseException] = []
 
     def load() -> None:
@@ -135,15 +141,64 @@ def run_serve(
     loader = threading.Thread(target=load, name="hetero-model-loader", daemon=True)
     loader.start()
     try:
-        server.run()
+        with _stopped_by_signals():
+            try:
+                server.run(sockets=[listener])
+            finally:
+                runtime.close()  # stops every sandbox and closes the audit log
     finally:
-        runtime.close()
+        listener.close()
     if failure and isinstance(failure[0], StagesFailedError):
         err.print(f"error: {failure[0]} (--require-all-stages)", highlight=False, markup=False)
         return 1
     if failure:
         raise failure[0]
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; a clear usage error when it cannot be had."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise UsageError(f"--host: cannot resolve {host!r}: {err.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT end ``hetero serve`` the same way: uvicorn drains the connections,
+    then this process releases models and sandboxes and exits 0.
+
+    uvicorn handles both while it runs and, once drained, raises the signal again for the
+    handler it found; with Python's defaults SIGTERM would then kill the process before the
+    sandboxes stop, and SIGINT would surface as KeyboardInterrupt. The handlers set here take
+    that second delivery and do nothing, so the caller's clean-up runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, _ignore_redelivery) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignore_redelivery(signum: int, frame: object) -> None:
+    logger.info("signal %d: shutting down", signum)
 
 
 def _request_for(route: str, data: bytes, path: Path, runtime: Any) -> dict[str, Any]:

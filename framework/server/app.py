@@ -8,10 +8,12 @@ from typing import Any
 from fastapi import FastAPI
 
 from hetero.framework.registry import Registry
-from hetero.framework.server import routes_modal, routes_openai, routes_ops, routes_policy
+from hetero.framework.server import routes_modal, routes_openai, routes_ops
 from hetero.framework.server.auth import KeyRing
 from hetero.framework.server.errors import install_error_handlers
 from hetero.framework.server.middleware import BodyLimit, RequestMetrics
+from hetero.framework.server.openapi import describe_openapi
+from hetero.framework.server.routes_policy import add_policy_routes
 from hetero.framework.server.serving import Serving
 
 __all__ = ["create_app", "device_list"]
@@ -48,7 +50,8 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
         from hetero.framework.bench import peer_routes
 
         app.include_router(peer_routes.router)
-    app.include_router(routes_policy.router)  # last: the policy's own routes
+    add_policy_routes(app, spec.routes)  # last: a built-in path always wins
+    describe_openapi(app, spec.server.limits)
     app.add_middleware(BodyLimit, limit=spec.server.limits.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=runtime.metrics)
     return app

@@ -4,10 +4,10 @@ every failure a 4xx whose message names the field."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from hetero.framework.server.errors import APIError
@@ -15,15 +15,30 @@ from hetero.framework.server.errors import APIError
 __all__ = [
     "ChatMessage",
     "ChatRequest",
+    "Count",
     "EmbeddingRequest",
     "PipelineRequest",
     "SpeechRequest",
+    "Text",
     "form_file",
     "read_form",
     "read_json",
 ]
 
 Model = TypeVar("Model", bound=BaseModel)
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # JSON true is not the number 1
+        raise ValueError("Input should be a valid integer, not a boolean")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_a_bool)]
+"""An integer field: whole floats such as 2.0 are taken (JSON Schema's integer), booleans are
+not (pydantic would read ``true`` as 1)."""
+Text = Annotated[str, Field(min_length=1)]
+"""A text to embed: empty ones have no tokens and are refused."""
 
 
 class _Body(BaseModel):
@@ -55,16 +70,16 @@ class ChatRequest(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = Field(default=None, ge=1)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    n: int = Field(default=1, ge=1, le=1)
+    seed: Count | None = Field(default=None, ge=0, le=2**63 - 1)
+    n: Count = Field(default=1, ge=1, le=1)
 
 
 class EmbeddingRequest(_Body):
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: Text | list[Text] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
 
@@ -86,7 +101,7 @@ class PipelineInputs(_Body):
 class PipelineRequest(_Body):
     inputs: PipelineInputs = PipelineInputs()
     prompt: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = Field(default=None, ge=1)
 
 
 def _media_type(request: Request) -> str:
@@ -113,7 +128,45 @@ async def read_json(request: Request, model: type[Model]) -> Model:
         raise APIError(
             400, "the request body is not valid JSON: nested too deeply", code="invalid_json"
         ) from None
+    where = _lone_surrogate(data, ())
+    if where is not None:
+        param = ".".join(where) or None
+        raise APIError(
+            400,
+            f"{param or 'body'}: a string holds a lone UTF-16 surrogate (an escape such as"
+            " \\ud800 without its pair), which is not a Unicode character",
+            param=param,
+            code="invalid_value",
+        )
     return validate(data, model)
+
+
+def _lone_surrogate(data: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The path of the first string (key or value) in ``data`` that holds a lone surrogate:
+    valid JSON (``"\\ud800"``) but no text any tokenizer, codec or log can take. Iterative:
+    JSON nested as deep as the parser allows must not overflow the stack here."""
+    pending: list[tuple[Any, tuple[str, ...]]] = [(data, path)]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodable(value):
+                return where
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodable(key):
+                    return where
+                pending.append((item, (*where, str(key))))
+        elif isinstance(value, list):
+            pending.extend((item, (*where, str(i))) for i, item in enumerate(value))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate(data: Any, model: type[Model]) -> Model:

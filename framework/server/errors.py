@@ -69,9 +69,9 @@ def invalid_input(message: str, param: str | None = None, code: str = "invalid_v
     return APIError(400, message, param=param, code=code)
 
 
-def error_response(error: APIError) -> JSONResponse:
-    """The JSON response for ``error``."""
-    headers = {}
+def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON response for ``error`` (``headers``: more, e.g. ``Allow`` on a 405)."""
+    headers = dict(headers or {})
     if error.retry_after_s is not None or error.status in (429, 503):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s or 1.0)))
     body = {
@@ -109,8 +109,11 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"no route {request.method} {request.url.path}"
             return error_response(APIError(404, message, code="unknown_route"))
         if exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
-            return error_response(APIError(405, message, code="method_not_allowed"))
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+            return error_response(
+                APIError(405, message, code="method_not_allowed"), {"Allow": allowed}
+            )
         return error_response(APIError(exc.status_code, str(exc.detail)))
 
     async def validation_error(_: Request, exc: Exception) -> JSONResponse:

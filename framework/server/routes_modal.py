@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetero.framework.server.bodies import (
+    Count,
     PipelineRequest,
     form_file,
     read_form,
@@ -18,10 +19,11 @@ from hetero.framework.server.bodies import (
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.media import decode_base64
+from hetero.framework.server.openapi import json_body, multipart_body
 from hetero.framework.server.pipelines import PipelineInputs, run_pipeline
 from hetero.framework.server.serving import Serving
 
-__all__ = ["router"]
+__all__ = ["PIPELINE_BODY", "router"]
 
 router = APIRouter()
 
@@ -31,11 +33,19 @@ class _MediaBody(BaseModel):
     image: str | None = None
     audio: str | None = None
     prompt: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = Field(default=None, ge=1)
+
+
+PIPELINE_BODY = json_body(PipelineRequest)
+_IMAGE_BODY = multipart_body(("file",), ("prompt",), also=json_body(_MediaBody))
+
+
+DEFAULT_MAX_TOKENS = 64
 
 
 def _max_tokens(rt: Serving, asked: int | None) -> int:
-    value = asked or 64
+    """What the request asked for, else 64 or the server's limit if that is lower."""
+    value = min(DEFAULT_MAX_TOKENS, rt.limits.max_output_tokens) if asked is None else asked
     if value > rt.limits.max_output_tokens:
         raise APIError(
             400,
@@ -83,7 +93,7 @@ def _route_target(rt: Serving, path: str, default: str) -> str:
     return str(rt.spec.routes.get(path, default))
 
 
-@router.post("/v1/image/describe")
+@router.post("/v1/image/describe", openapi_extra=_IMAGE_BODY)
 async def image_describe(request: Request, caller: CallerDep) -> dict[str, Any]:
     """Labels of an image and a sentence about it (the policy's image_describe pipeline)."""
     rt = runtime_of(request)
@@ -101,7 +111,7 @@ async def image_describe(request: Request, caller: CallerDep) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/speech/transcribe")
+@router.post("/v1/speech/transcribe", openapi_extra=_IMAGE_BODY)
 async def speech_transcribe(request: Request, caller: CallerDep) -> dict[str, Any]:
     """Text of an audio clip (multipart ``file`` or JSON ``audio`` in base64)."""
     rt = runtime_of(request)
@@ -118,7 +128,7 @@ async def speech_transcribe(request: Request, caller: CallerDep) -> dict[str, An
     }
 
 
-@router.post("/v1/pipelines/{name}")
+@router.post("/v1/pipelines/{name}", openapi_extra=PIPELINE_BODY)
 async def pipeline(name: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """Any pipeline of the policy; inputs per modality (text, base64 image, base64 audio)."""
     rt = runtime_of(request)

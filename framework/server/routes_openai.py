@@ -31,6 +31,7 @@ from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
+from hetero.framework.server.openapi import json_body, multipart_body
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
 from hetero.framework.server.serving import ServedStage, Serving, StageRun
 
@@ -131,7 +132,7 @@ async def _chat_messages(
     return messages, runs
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
 async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse | StreamingResponse:
     """Chat; image parts (data: URLs) go through vision_encode and ocr into the prompt."""
     rt = runtime_of(request)
@@ -252,7 +253,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
     )
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
 async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
     """Embeddings of a string or a list of strings (``encoding_format`` float or base64)."""
     rt = runtime_of(request)
@@ -319,7 +320,11 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
     )
 
 
-@router.post("/v1/audio/transcriptions", response_model=None)
+@router.post(
+    "/v1/audio/transcriptions",
+    response_model=None,
+    openapi_extra=multipart_body(("file",), ("model", "response_format"), required=("model",)),
+)
 async def transcriptions(request: Request, caller: CallerDep) -> JSONResponse | PlainTextResponse:
     """Speech to text from a multipart upload (``file``, ``model``, ``response_format``)."""
     rt = runtime_of(request)
@@ -357,7 +362,7 @@ async def transcriptions(request: Request, caller: CallerDep) -> JSONResponse | 
     return JSONResponse({"text": value["text"]}, headers=headers)
 
 
-@router.post("/v1/audio/speech")
+@router.post("/v1/audio/speech", openapi_extra=json_body(SpeechRequest))
 async def speech(request: Request, caller: CallerDep) -> Response:
     """Text to speech, as WAV."""
     rt = runtime_of(request)

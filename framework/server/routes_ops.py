@@ -38,7 +38,11 @@ async def ready(request: Request) -> dict[str, Any] | JSONResponse:
     return JSONResponse(body, status_code=503, headers=headers)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     return Response(

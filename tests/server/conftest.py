@@ -58,14 +58,16 @@ class ServerThread:
 
 def default_with_peer_routes() -> Policy:
     """The default policy, plus the peers harness's /embed and /vision routes, on this host's
-    own devices (not the dummy plugin's fakes, which tests put on the path)."""
+    own devices (not the dummy plugin's fakes, which tests put on the path), with answers of at
+    most 32 tokens (the API fuzzer may ask for any number the limit allows)."""
     from hetero.framework.policy import builtin_policy_text
 
     text = builtin_policy_text("default").replace(
         "  allow: [cpu, npu]\n", "  allow: [cpu, npu]\n  deny: [dummy]\n"
     )
     assert "deny: [dummy]" in text
-    return load_policy_text(text + "\nserver:\n  peer_routes: true\n", "default-peer-routes")
+    server = "\nserver:\n  peer_routes: true\n  limits: {max_output_tokens: 32}\n"
+    return load_policy_text(text + server, "default-peer-routes")
 
 
 def keyed_policy(limits: str = "") -> Policy:

@@ -135,7 +135,56 @@ def test_unknown_model_is_a_404(client: httpx.Client) -> None:
 
 def test_unknown_route_and_method(client: httpx.Client) -> None:
     assert_error(client.post("/v1/nothing", json={}), 404, "unknown_route")
-    assert_error(client.get("/v1/chat/completions"), 405, "method_not_allowed")
+    assert_error(client.get("/v1/nothing"), 404, "unknown_route")
+    wrong_method = client.get("/v1/chat/completions")
+    assert_error(wrong_method, 405, "method_not_allowed")
+    assert wrong_method.headers["allow"] == "POST"
+
+
+def test_policy_routes_are_served_and_listed(client: httpx.Client) -> None:
+    document = client.get("/openapi.json").json()
+    paths = document["paths"]
+    assert "/v1/nothing" not in paths
+    chat = paths["/v1/chat/completions"]["post"]
+    schema = chat["requestBody"]["content"]["application/json"]["schema"]
+    assert "messages" in schema["required"]
+    assert "$ref" not in json.dumps(schema)  # inlined: no dangling $defs
+    assert all("422" not in op["responses"] for ops in paths.values() for op in ops.values())
+    upload = paths["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]
+    assert upload["multipart/form-data"]["schema"]["required"] == ["file", "model"]
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/embeddings", {"model": EMBED_MODEL, "input": "a\ud800b"}, "input"),
+        (
+            "/v1/chat/completions",
+            {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "x\udfffy"}]},
+            "messages.0.content",
+        ),
+        ("/v1/pipelines/image_question", {"inputs": {"text": "\ud800"}}, "inputs.text"),
+        ("/embed", {"texts": ["ok", "\udbff"]}, "texts.1"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(
+    client: httpx.Client, route: str, body: dict[str, Any], param: str
+) -> None:
+    # json.dumps writes the lone surrogate as the escape \ud800: valid JSON, invalid Unicode
+    raw = json.dumps(body).replace("\\\\u", "\\u")
+    assert "\\ud" in raw
+    response = client.post(route, content=raw, headers={"content-type": "application/json"})
+    error = assert_error(response, 400, "invalid_value")
+    assert error["param"] == param
+    assert "surrogate" in error["message"]
+    again = client.post("/embed", json={"texts": ["a"]})
+    assert again.status_code == 200, again.text  # the same keep-alive connection still serves
+
+
+def test_booleans_are_not_numbers(client: httpx.Client) -> None:
+    body = {"model": CHAT_MODEL, "max_tokens": True, "messages": [{"role": "user", "content": "x"}]}
+    error = assert_error(client.post("/v1/chat/completions", json=body), 400, "invalid_value")
+    assert error["param"] == "max_tokens"
 
 
 def test_unknown_pipeline_is_a_404(client: httpx.Client) -> None:
@@ -198,7 +247,7 @@ def test_disconnect_mid_stream_leaves_the_server_serving(client: httpx.Client) -
     body = {
         "model": CHAT_MODEL,
         "stream": True,
-        "max_tokens": 64,
+        "max_tokens": 32,
         "messages": [{"role": "user", "content": "tell me a story"}],
     }
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
