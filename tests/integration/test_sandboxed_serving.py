@@ -4,14 +4,21 @@ and the answer is masked for the caller's role."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from fastapi.testclient import TestClient
 
 from hetero.framework.policy import Policy, load_policy_text
@@ -30,8 +37,12 @@ def _sha(key: str) -> str:
 
 
 def site_policy(site: Path) -> Policy:
-    return load_policy_text(
-        f"""version: 1
+    return load_policy_text(site_policy_text(site), "sandboxed-serving-test")
+
+
+def site_policy_text(site: Path) -> str:
+    """A site with two sensitive partitions, each served in its own runc sandbox."""
+    return f"""version: 1
 partitions:
   id_cards:
     modality: image
@@ -88,9 +99,7 @@ server:
     - {{name: li.wei, sha256: {_sha(OFFICER_KEY)}, roles: [case_officer],
        attributes: {{department: public-security}}}}
     - {{name: zhao, sha256: {_sha(ANALYST_KEY)}, roles: [analyst]}}
-""",
-        "sandboxed-serving-test",
-    )
+"""
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +205,89 @@ def test_speech_is_transcribed_inside_its_own_partitions_sandbox(
     (kept,) = [p for p in (site / "partitions" / "petitions").iterdir()]
     assert wav not in kept.read_bytes() and kept.stat().st_uid == 165_536
     assert list((site / "partitions" / "id_cards").iterdir()) == []
+
+
+@pytest.fixture
+def fresh_site() -> Iterator[Path]:
+    if shutil.which("runc") is None:
+        pytest.fail("runc is not installed: `make test` installs it (tools/sysdeps.sh)")
+    directory = Path(tempfile.mkdtemp(prefix="hetero-signals-"))
+    directory.chmod(0o711)
+    FileKeyring.create(directory / "keyring.json", {"id-cards": 16, "petitions": 32})
+    (directory / "policy.yaml").write_text(site_policy_text(directory))
+    yield directory
+    for leftover in running_sandboxes(directory):  # only when the test failed: no orphans
+        command = ["runc", "--root", str(runc_root(directory)), "delete", "--force", leftover]
+        subprocess.run(command, check=False)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def runc_root(site: Path) -> Path:
+    return site / "state" / "runc" / "state"
+
+
+def running_sandboxes(site: Path) -> list[str]:
+    listed = subprocess.run(
+        ["runc", "--root", str(runc_root(site)), "list", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_every_sandbox_and_is_audited(
+    fresh_site: Path, stop: signal.Signals
+) -> None:
+    """``hetero serve`` stopped by SIGTERM (systemd, Kubernetes, ``docker stop``) or SIGINT
+    drains, stops every partition's runc sandbox, writes the audit records and exits 0 (SIGTERM
+    used to kill it with both sandboxes running)."""
+    site = fresh_site
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hetero.framework.cli",
+            "serve",
+            "--no-probe",
+            "--port",
+            "0",
+            "--policy",
+            str(site / "policy.yaml"),
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert serve.stderr is not None
+        url = ""
+        for line in serve.stderr:  # until the models (and so both sandboxes) are up
+            found = re.search(r"listening on (http://\S+)", line)
+            url = found.group(1) if found else url
+            if line.startswith("ready"):
+                break
+        assert url, "hetero serve did not say where it listens"
+        assert len(running_sandboxes(site)) == 2  # the control: both partitions' sandboxes run
+        response = httpx.post(
+            f"{url}/v1/id-cards/read",
+            json={"inputs": {"image": base64.b64encode(PAGE).decode()}},
+            headers={"Authorization": f"Bearer {OFFICER_KEY}"},
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        serve.send_signal(stop)
+        rest = serve.stderr.read()
+        assert serve.wait(timeout=120) == 0, rest
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    assert "Traceback" not in rest
+    assert running_sandboxes(site) == []
+    records = [json.loads(line) for line in (site / "audit.log").read_text().splitlines()]
+    stopped = {r["partition"] for r in records if r["kind"] == "sandbox_stop"}
+    assert stopped == {"id_cards", "petitions"}
+    key = load_pem_private_key((site / "audit.pem").read_bytes(), password=None)
+    assert verify(site / "audit.log", key.public_key()).ok  # type: ignore[arg-type]
