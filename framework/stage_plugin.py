@@ -121,6 +121,15 @@ class StagePlugin(abc.ABC):
         """How many nominal items of the cost hint one payload is (texts in a group)."""
         return 1
 
+    def split(self, payload: Any, max_items: int) -> list[Any]:
+        """``payload`` as parts that each make one bounded model call: at most ``max_items``
+        items, and within the plugin's own bound on what one call may hold (memory, time).
+        A large request then runs part after part, with other requests between its parts.
+        The default splits a list payload by item count and keeps anything else whole."""
+        if not isinstance(payload, list) or len(payload) <= max_items:
+            return [payload]
+        return [payload[start : start + max_items] for start in range(0, len(payload), max_items)]
+
     def profile(self, payload: Any) -> RequestProfile | None:
         """How heavy one payload is, measured cheaply (an image's header, an audio file's
         length, text length), for admission; None: not judged."""

@@ -240,8 +240,8 @@ class TextGenerator(ModelStage):
             input_bytes=8,
             output_bytes=8,
             resident_bytes=4 * _PARAMS,
-            batchable=True,
-            max_batch=16,
+            batchable=False,  # the loop decodes one sequence at a time: a batch would queue
+            max_batch=1,  # its generations inside one call, out of admission's sight
         )
         graph = ComputeGraph(
             f"{self.name}/decoder",

@@ -28,6 +28,7 @@ from hetero.framework.backend import Backend
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
 from hetero.framework.engine.metrics import Metrics
+from hetero.framework.engine.pacing import Pace, Shares
 from hetero.framework.engine.requests import EngineResult, RequestState
 from hetero.framework.errors import (
     HeteroError,
@@ -97,7 +98,11 @@ class StageStatus:
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_RUNS))
     light_runs: int = 0
     batches: int = 0
-    item_s: float = 0.0  # moving average of run time per item, admission's pace
+    paces: dict[str, Pace] = field(default_factory=dict)  # by variant: admission's estimates
+
+    def pace(self, variant: str) -> Pace:
+        """The measured pace of ``variant`` (made on first use)."""
+        return self.paces.setdefault(variant, Pace())
 
 
 class Engine:
@@ -185,6 +190,8 @@ class Engine:
         self._stopping = False
         self._requests: dict[str, RequestState] = {}
         self._running: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
+        self._running_items: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
+        self._shares = Shares()
         self.models = {d.id: DeviceModels(self.backends[d.backend], d) for d in self.fleet.devices}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -345,8 +352,10 @@ class Engine:
             if run:
                 samples.append(time.perf_counter() - began)
         seconds = min(samples)
+        units = self._units(self._profile(stage, probe))
         with self._lock:
             self.scheduler.calibrate(stage, device_id, seconds, plugin.items(probe))
+            self.status[stage].pace("full").seed(seconds, plugin.items(probe), units)
         return seconds
 
     def _preload(self, stage: str, device_id: str) -> None:
@@ -442,7 +451,7 @@ class Engine:
             if stage not in self.plugins:
                 raise UnknownRouteError(stage, tuple(sorted(self.plugins)))
             pipeline = self._single[stage] = Pipeline(stage, {stage: PipelineStep(stage)})
-        if profile is None and variant is None:  # the plugin measures it, cheaply
+        if profile is None:  # the plugin measures it, cheaply (its pace is kept per unit)
             profile = self._profile(stage, payload)
         return self._submit(
             stage, pipeline, payload, qos_class, profile, principal, variant, request_id
@@ -456,39 +465,94 @@ class Engine:
             return None
 
     def admit(
-        self, stage: str, qos_class: str | None, profile: RequestProfile | None
+        self,
+        stage: str,
+        qos_class: str | None,
+        profile: RequestProfile | None,
+        *,
+        items: int = 1,
+        principal: Any = None,
     ) -> tuple[str, str]:
-        """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason);
-        :class:`ShedError` (429) when the complexity breaker sheds it."""
+        """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason).
+
+        The request (``items`` inputs, ``profile`` if stated) is estimated at the stage's
+        measured pace and judged against its class's deadline behind the work queued; a named
+        ``principal`` must also be within its fair share of the stage's queue.
+
+        Raises:
+            ShedError: (429, with Retry-After) it cannot finish by its deadline behind the
+                queue, or its principal already holds its share of the stage.
+        """
         qos = qos_class or self.policy.spec.qos.default_class
-        depth = self.scheduler.queued(stage) + self._running.get(stage, 0)
-        try:
-            with self._lock:
+        units = self._units(profile)
+        with self._lock:
+            self._check_share(stage, qos, principal)
+            status = self.status.get(stage)
+            variants = self.policy.spec.stages[stage].variants
+            run_s = light_s = None
+            if status is not None:
+                run_s = status.pace("full").estimate_s(items, units)
+                if "light" in variants:
+                    light_s = status.pace("light").estimate_s(items, units)
+            try:
                 result = self.admission.decide(
                     stage,
                     qos,
-                    profile,
-                    depth=depth,
-                    queue_delay_s=self._queue_delay_s(stage, depth),
+                    run_s=run_s,
+                    light_run_s=light_s,
+                    depth=self.scheduler.queued(stage) + self._running.get(stage, 0),
+                    queue_delay_s=self._queue_delay_s(stage),
                 )
-        except ShedError:
-            self.metrics.shed.labels(stage, "complexity").inc()
-            raise
+            except ShedError:
+                self.metrics.shed.labels(stage, "complexity").inc()
+                raise
         if result.variant == "light":
             self.metrics.degraded.labels(stage, result.cause).inc()
             if stage in self.status:
                 self.status[stage].light_runs += 1
         return result.variant, result.reason
 
-    def _queue_delay_s(self, stage: str, depth: int) -> float:
-        """How long a new task of ``stage`` waits: the work ahead, at the measured pace."""
+    def max_batch(self, stage: str, variant: str = "full") -> int:
+        """The most items one model call of a stage variant takes."""
+        with self._lock:
+            return self.scheduler.batching_for(f"{stage}/{variant}")[0]
+
+    def _units(self, profile: RequestProfile | None) -> float:
+        weights = self.policy.spec.circuit_breaker.complexity
+        return profile.score(weights) if profile is not None else 0.0
+
+    def _check_share(self, stage: str, qos: str, principal: Any) -> None:
+        """:class:`ShedError` (429) when ``principal`` holds its share of ``stage`` (lock
+        held)."""
+        who = getattr(principal, "name", None)
+        if who is None:
+            return
+        bound = self.policy.spec.qos.classes[qos].queue_bound
+        held, share = self._shares.held(stage, who), self._shares.share(stage, who, bound)
+        if held >= share:
+            self.metrics.shed.labels(stage, "fair_share").inc()
+            pace = self.status[stage].pace("full").item_s if stage in self.status else 0.0
+            raise ShedError(
+                f"{who} already has {held} requests of stage {stage!r} waiting or running, its"
+                f" share of the {qos!r} queue while others use it",
+                status=429,
+                retry_after_s=max(self.policy.spec.server.retry_after_s, held * pace),
+            )
+
+    def _queue_delay_s(self, stage: str) -> float:
+        """How long a new task of ``stage`` waits: the items queued and running, at the
+        measured pace per item (lock held)."""
         status = self.status.get(stage)
-        return depth * status.item_s if status is not None else 0.0
+        if status is None:
+            return 0.0
+        waiting = self.scheduler.queued_items(stage) + self._running_items.get(stage, 0)
+        return waiting * status.pace("full").item_s
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""
-        depth = self.scheduler.queued(stage) + self._running.get(stage, 0)
-        return max(self.policy.spec.server.retry_after_s, self._queue_delay_s(stage, depth))
+        with self._lock:
+            delay = self._queue_delay_s(stage)
+        return max(self.policy.spec.server.retry_after_s, delay)
 
     def _submit(
         self,
@@ -512,9 +576,11 @@ class Engine:
         self._authorize(pipeline, route, principal, request_id)
         if self._stopping:
             raise ShedError("engine is shutting down", status=503)
+        first = pipeline.steps[pipeline.order[0]].stage
         if variant is None:
-            first = pipeline.steps[pipeline.order[0]].stage
-            variant, _ = self.admit(first, qos, profile)
+            plugin = self.plugins.get(first)
+            items = plugin.items(payload) if plugin is not None else 1
+            variant, _ = self.admit(first, qos, profile, items=items, principal=principal)
         now = self.clock.now()
         future: Future[EngineResult] = Future()
         state = RequestState(
@@ -527,20 +593,24 @@ class Engine:
             arrival=now,
             deadline=now + deadline_s,
             future=future,
+            units=self._units(profile),
         )
+        who = getattr(principal, "name", None)
         with self._lock:
             if self._stopping:
                 raise ShedError("engine is shutting down", status=503)
             self._requests[state.request_id] = state
+            if who is not None:
+                state.holder = (first, str(who))
+                self._shares.hold(first, str(who))
             try:
                 self._enqueue_ready(state)
             except ShedError as err:
                 self._end(state)
-                stage = pipeline.steps[pipeline.order[0]].stage
-                self.metrics.shed.labels(stage, "queue_full").inc()
+                self.metrics.shed.labels(first, "queue_full").inc()
                 self.metrics.outcomes.labels(route, "shed").inc()
                 if isinstance(err, QueueFullError):
-                    err.retry_after_s = self.retry_after_s(stage)
+                    err.retry_after_s = max(spec.server.retry_after_s, self._queue_delay_s(first))
                 raise
             answered = state.done()  # every step came from the cache
             if answered:
@@ -606,7 +676,8 @@ class Engine:
 
     def _end(self, state: RequestState) -> None:
         """Forget a request that ended and drop its queued steps (lock held)."""
-        self._requests.pop(state.request_id, None)
+        if self._requests.pop(state.request_id, None) is not None and state.holder is not None:
+            self._shares.release(*state.holder)
         for task in state.live_tasks.values():
             self.scheduler.cancel(task)
         state.live_tasks.clear()
@@ -643,6 +714,7 @@ class Engine:
                     deadline=state.deadline,
                     inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
                     items=plugin.items(inputs) if plugin is not None else 1,
+                    units=state.units,
                     enqueued_at=now,
                 )
                 self.scheduler.enqueue(task)
@@ -713,6 +785,7 @@ class Engine:
                 outcomes.append(outcome)
                 if isinstance(outcome, Dispatch):
                     self._running[outcome.task.stage] += 1
+                    self._running_items[outcome.task.stage] += outcome.task.items
         for outcome in outcomes:
             if isinstance(outcome, Rejection):
                 self._fail(outcome.task.request_id, outcome.error)
@@ -775,10 +848,9 @@ class Engine:
         if status is not None:
             status.batches += 1
             items = sum(o.dispatch.task.items for o in ran) or 1
-            per_item = first.run_s / items
-            status.recent_s.append(per_item)
-            smoothing = 0.2 if status.item_s else 1.0
-            status.item_s += smoothing * (per_item - status.item_s)
+            status.recent_s.append(first.run_s / items)
+            units = sum(o.dispatch.task.units for o in ran)
+            status.pace(variant).observe(first.run_s, items, units)
 
     def _sync_health(self) -> None:
         """Devices their backend marked unhealthy (or healthy again) leave (or rejoin)
@@ -795,6 +867,7 @@ class Engine:
         device_id = dispatch.device_id
         with self._lock:
             self._running[task.stage] = max(0, self._running[task.stage] - 1)
+            self._running_items[task.stage] = max(0, self._running_items[task.stage] - task.items)
         if outcome.skipped:
             with self._lock:
                 self.scheduler.completed(dispatch, ok=True, run_s=0.0, judge=False)

@@ -15,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ class BatchOutcome:
     output: Any
     error: BaseException | None
     run_s: float
-    batch_size: int
+    batch_size: int  # nominal items of the whole batch (the cost hint's unit), not tasks
     started_at: float
     blame: bool = True
     skipped: bool = False
@@ -206,7 +206,7 @@ class Lane:
                     logger.exception(
                         "%s: batch of %s failed unexpectedly", self.device.id, self.stage
                     )
-                    outcomes = [BatchOutcome(d, None, err, 0.0, len(batch), now) for d in batch]
+                    outcomes = [BatchOutcome(d, None, err, 0.0, _items(batch), now) for d in batch]
                 self._report(outcomes)
 
     def _receive(self, timeout: float) -> bool:
@@ -256,7 +256,9 @@ class Lane:
             )
         except Exception as err:  # a failed load fails the batch; the engine retries elsewhere
             logger.warning("%s: loading %s failed: %s", self.device.id, model_key, err)
-            return outcomes + [BatchOutcome(d, None, err, 0.0, len(live), started) for d, _ in live]
+            size = _items(d for d, _ in live)
+            return outcomes + [BatchOutcome(d, None, err, 0.0, size, started) for d, _ in live]
+        size = _items(d for d, _ in live)
         began = time.perf_counter()
         self.running = [payload for _, payload in live]
         try:
@@ -267,17 +269,20 @@ class Lane:
                 )
         except Exception as err:
             run_s = time.perf_counter() - began
-            return outcomes + [
-                BatchOutcome(d, None, err, run_s, len(live), started) for d, _ in live
-            ]
+            return outcomes + [BatchOutcome(d, None, err, run_s, size, started) for d, _ in live]
         run_s = time.perf_counter() - began
         for (dispatch, _), result in zip(live, results, strict=True):
             if isinstance(result, BaseException):  # the item was bad, not the device
-                outcome = BatchOutcome(dispatch, None, result, run_s, len(live), started, False)
+                outcome = BatchOutcome(dispatch, None, result, run_s, size, started, False)
             else:
-                outcome = BatchOutcome(dispatch, result, None, run_s, len(live), started)
+                outcome = BatchOutcome(dispatch, result, None, run_s, size, started)
             outcomes.append(outcome)
         return outcomes
+
+
+def _items(dispatches: Iterable[Dispatch]) -> int:
+    """Nominal items of a batch: what the scheduler's cost model counts."""
+    return sum(dispatch.task.items for dispatch in dispatches)
 
 
 def with_threads(graphs: Mapping[str, ComputeGraph], threads: int) -> dict[str, ComputeGraph]:

@@ -38,6 +38,8 @@ class RequestState:
     arrival: float
     deadline: float
     future: Future[EngineResult]
+    units: float = 0.0  # complexity units of its profile (0: none stated)
+    holder: tuple[str, str] | None = None  # (first stage, principal) whose share it uses
     outputs: dict[str, OutputHandle] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)
     live_tasks: dict[int, StageTask] = field(default_factory=dict)

@@ -25,7 +25,11 @@ class OrtExecutor:
 
     A session never falls back to the CPU silently for nodes its provider cannot run, and never
     spin-waits: on a few shared cores spinning threads starve the other stages and the HTTP
-    loop (measured: 20-60 % of throughput on 2 cores).
+    loop (measured: 20-60 % of throughput on 2 cores). Nor does it keep a memory arena: an
+    arena grows to the largest batch it has seen and keeps it; without one, activations go
+    back to the allocator (and to the OS after a large request: ``engine.heap``). Measured on
+    a 256 x 8,000-character embeddings request: RSS +558 MB with the arena, +255 MB without it
+    and with the trim.
     """
 
     def __init__(self, provider: str, provider_options: Mapping[str, Any] | None = None) -> None:
@@ -42,6 +46,7 @@ class OrtExecutor:
         options = self._ort.SessionOptions()
         options.log_severity_level = 3
         options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = False  # see the class doc
         if threads > 0:
             options.intra_op_num_threads = threads
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

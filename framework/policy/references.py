@@ -62,12 +62,6 @@ def check_references(spec: PolicySpec, source: LocatedYaml) -> None:
                 ("server", "api_keys", index, "sla_tier"),
                 _unknown("SLA tier", key.sla_tier, spec.sla_tiers),
             )
-    breaker = spec.circuit_breaker.complexity
-    if breaker.shed_above_p95 < breaker.degrade_above_p95:
-        raise source.error(
-            ("circuit_breaker", "complexity", "shed_above_p95"),
-            "must be at least degrade_above_p95",
-        )
     _check_simulated(spec, source)
     for route, target in spec.routes.items():
         if target not in spec.pipelines and target not in spec.stages:

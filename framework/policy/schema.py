@@ -263,12 +263,10 @@ class ComplexityWeights(_Frozen):
 
 
 class ComplexityBreaker(_Frozen):
-    """Admit, degrade to ``light`` or shed, by a request's profile against the live p95."""
+    """Admit, degrade to ``light`` or shed, by a request's estimated cost on the stage's devices
+    against its QoS class's deadline (framework/scheduler/breakers.py)."""
 
-    window: PositiveInt = 512
-    min_samples: PositiveInt = 32
-    degrade_above_p95: PositiveFloat = 2.0
-    shed_above_p95: PositiveFloat = 4.0
+    degrade_at: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
     weights: ComplexityWeights = ComplexityWeights()
 
 

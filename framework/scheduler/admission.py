@@ -1,9 +1,10 @@
 """Admission for one stage: the complexity breaker and the queue depth that degrades.
 
 One object decides for the engine (live requests) and the simulator (virtual ones): a request
-is admitted to the ``full`` variant, degraded to ``light`` (with the reason: its complexity
-against the stage's recent requests, or the stage's queue at or over
-``server.degrade_queue_depth``), or shed with a 429 and a Retry-After.
+is admitted to the ``full`` variant, degraded to ``light`` (with the reason: its estimated cost
+against its deadline, or the stage's queue at or over ``server.degrade_queue_depth``), or shed
+with a 429 and a Retry-After when it cannot finish by its deadline behind the queue. The
+caller estimates the costs (the engine from measured paces, the simulator from its model).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from hetero.framework.errors import ShedError
 from hetero.framework.policy import Policy
-from hetero.framework.scheduler.breakers import Admission, ComplexityBreaker, RequestProfile
+from hetero.framework.scheduler.breakers import Admission, ComplexityBreaker
 
 __all__ = ["AdmissionResult", "StageAdmission"]
 
@@ -41,25 +42,40 @@ class StageAdmission:
             self._breakers[stage] = breaker
         return breaker
 
+    def deadline_s(self, qos_class: str) -> float:
+        """The deadline of a QoS class's SLA tier, in seconds."""
+        spec = self.policy.spec
+        return spec.sla_tiers[spec.qos.classes[qos_class].sla_tier].deadline_ms / 1000.0
+
     def decide(
         self,
         stage: str,
         qos_class: str,
-        profile: RequestProfile | None,
         *,
+        run_s: float | None,
         depth: int,
         queue_delay_s: float,
+        light_run_s: float | None = None,
     ) -> AdmissionResult:
         """Where a request of ``stage`` goes; :class:`ShedError` (429) to refuse it.
 
-        ``depth`` is the stage's queued and running tasks, ``queue_delay_s`` how long a new
-        one would wait. Only requests that state a ``profile`` are judged by complexity.
+        ``run_s`` is the request's estimated run time on the full variant (None: not judged),
+        ``light_run_s`` on the light one; ``depth`` the stage's queued and running tasks,
+        ``queue_delay_s`` how long a new one would wait for them.
         """
         spec = self.policy.spec
-        deadline_s = spec.sla_tiers[spec.qos.classes[qos_class].sla_tier].deadline_ms / 1000.0
+        has_light = "light" in spec.stages[stage].variants
         reason = cause = ""
-        if profile is not None:
-            decision = self.breaker(stage).decide(profile, queue_delay_s, deadline_s)
+        if run_s is not None:
+            decision = self.breaker(stage).decide(
+                run_s,
+                queue_delay_s,
+                self.deadline_s(qos_class),
+                light_run_s=(light_run_s if light_run_s is not None else run_s)
+                if has_light
+                else None,
+                busy=depth > 0,
+            )
             if decision.action is Admission.SHED:
                 raise ShedError(decision.reason, status=429, retry_after_s=decision.retry_after_s)
             if decision.action is Admission.DEGRADE:
@@ -67,6 +83,6 @@ class StageAdmission:
         if depth >= spec.server.degrade_queue_depth:
             reason = f"queue depth {depth} >= {spec.server.degrade_queue_depth}"
             cause = "queue"
-        if reason and "light" in spec.stages[stage].variants:
+        if reason and has_light:
             return AdmissionResult("light", reason, cause)
         return AdmissionResult("full")

@@ -1,10 +1,14 @@
 """Circuit breaking in two layers.
 
-**Complexity** (admission): a request's profile is a weighted sum of its text tokens (per
-1,000), image pixels (per megapixel) and audio seconds (per 30 s). Against the p95 of recent
-profiles and the current queue delay, it is admitted, degraded to the stage's ``light`` variant,
-or shed with a Retry-After. Until ``min_samples`` profiles have been seen, everything is
-admitted.
+**Complexity** (admission): what a request will cost on the stage's devices, against its QoS
+class's deadline. The caller estimates the request's run time (the stage's measured pace times
+the request's size: its profile, a weighted sum of text tokens per 1,000, megapixels and audio
+seconds per 30 s, or its item count) and the wait for the work already queued. A request that
+fits well inside its deadline runs ``full``; one that would use more than ``degrade_at`` of it
+runs the stage's ``light`` variant where there is one; one that cannot finish by its deadline
+behind the queue is shed with a Retry-After: the time until the queue has drained enough. A
+stage with nothing queued or running admits anything (there is nobody to protect). Nothing here
+looks at other clients' requests, so a stream of tiny ones cannot make a normal one look heavy.
 
 **Failure** (per stage and device): closed / open / half-open over a count-based sliding window
 of outcomes, as resilience4j does it: once ``min_calls`` calls are in the window, an error rate
@@ -14,7 +18,6 @@ or a slow-call rate at or above its threshold opens the breaker; after ``open_s`
 
 from __future__ import annotations
 
-import bisect
 import enum
 import logging
 from collections import deque
@@ -46,66 +49,47 @@ class Admission(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:
-    """The decision, with the numbers behind it."""
+    """The decision, with the numbers behind it (seconds)."""
 
     action: Admission
-    score: float
-    p95: float | None
+    expected_s: float = 0.0  # queue wait plus this request's run, as estimated
     retry_after_s: float = 0.0
     reason: str = ""
 
 
 class ComplexityBreaker:
-    """Admission by request complexity against the live p95."""
+    """Admission by a request's estimated cost against its deadline (see the module doc)."""
 
     def __init__(self, config: ComplexityConfig) -> None:
         self.config = config
-        self._recent: deque[float] = deque()
-        self._sorted: list[float] = []
         self.counts = dict.fromkeys(Admission, 0)
 
-    def _observe(self, score: float) -> None:
-        self._recent.append(score)
-        bisect.insort(self._sorted, score)
-        if len(self._recent) > self.config.window:
-            old = self._recent.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
-
-    def p95(self) -> float | None:
-        """p95 of the recent profiles, once there are enough."""
-        if len(self._sorted) < self.config.min_samples:
-            return None
-        return self._sorted[min(len(self._sorted) - 1, int(0.95 * len(self._sorted)))]
-
     def decide(
-        self, profile: RequestProfile, queue_delay_s: float, deadline_s: float
+        self,
+        run_s: float,
+        queue_delay_s: float,
+        deadline_s: float,
+        *,
+        light_run_s: float | None = None,
+        busy: bool = True,
     ) -> AdmissionDecision:
-        """Admit, degrade or shed; the request's profile joins the window either way."""
-        score = profile.score(self.config)
-        p95 = self.p95()
-        self._observe(score)
-        decision = AdmissionDecision(Admission.ADMIT, score, p95)
-        if p95 is not None and p95 > 0:
-            ratio = score / p95
-            # A queue that already eats the deadline lowers both thresholds: heavy work then
-            # sheds at the usual degrade ratio and degrades at half of it.
-            if queue_delay_s >= deadline_s:
-                shed_at = self.config.degrade_above_p95
-                degrade_at = self.config.degrade_above_p95 / 2
-            else:
-                shed_at = self.config.shed_above_p95
-                degrade_at = self.config.degrade_above_p95
-            if ratio >= shed_at:
+        """Admit, degrade or shed a request that runs ``run_s`` (``light_run_s`` on the light
+        variant, None: no light variant) after a queue of ``queue_delay_s``; ``busy``: the stage
+        has work queued or running."""
+        expected = queue_delay_s + run_s
+        decision = AdmissionDecision(Admission.ADMIT, expected)
+        if busy and expected > self.config.degrade_at * deadline_s:
+            within = f"{expected:.2f} s (queue {queue_delay_s:.2f} s + run {run_s:.2f} s)"
+            if light_run_s is not None and queue_delay_s + light_run_s <= deadline_s:
+                reason = f"expected {within} > {self.config.degrade_at:g} of the deadline"
+                decision = AdmissionDecision(Admission.DEGRADE, expected, reason=reason)
+            elif expected > deadline_s:
+                fastest = min(run_s, light_run_s) if light_run_s is not None else run_s
                 decision = AdmissionDecision(
                     Admission.SHED,
-                    score,
-                    p95,
-                    retry_after_s=max(1.0, queue_delay_s),
-                    reason=f"request complexity {ratio:.1f}x the recent p95",
-                )
-            elif ratio >= degrade_at:
-                decision = AdmissionDecision(
-                    Admission.DEGRADE, score, p95, reason=f"complexity {ratio:.1f}x p95"
+                    expected,
+                    retry_after_s=max(1.0, queue_delay_s + fastest - deadline_s),
+                    reason=f"cannot finish by its {deadline_s:g} s deadline: expected {within}",
                 )
         self.counts[decision.action] += 1
         return decision

@@ -51,6 +51,7 @@ class StageQueue:
         self._heap: list[tuple[float, float, int, StageTask]] = []
         self._counts = dict.fromkeys(self._classes, 0)
         self._live = 0
+        self.items = 0  # items of the live tasks: the work waiting, for admission's estimate
         self._sequence = itertools.count()
 
     def __len__(self) -> int:
@@ -76,6 +77,7 @@ class StageQueue:
         task.queued = True
         self._counts[task.qos_class] += 1
         self._live += 1
+        self.items += task.items
 
     def _drop_cancelled(self) -> None:
         while self._heap and self._heap[0][3].cancelled:
@@ -95,6 +97,7 @@ class StageQueue:
         task.queued = False
         self._counts[task.qos_class] -= 1
         self._live -= 1
+        self.items -= task.items
         return task
 
     def cancel(self, task: StageTask) -> None:
@@ -103,6 +106,7 @@ class StageQueue:
         if task.queued and not task.cancelled:
             self._counts[task.qos_class] -= 1
             self._live -= 1
+            self.items -= task.items
             task.queued = False
         task.cancelled = True
 

@@ -256,6 +256,16 @@ class Scheduler:
         index = self.fleet.index[device_id]
         return float(tables.costs.marginal_s[index, 0] * tables.correction[index] * items)
 
+    def fastest_s(self, stage: str, variant: str = "full") -> float:
+        """The calibrated compute estimate of one item on the fastest device that can run the
+        stage variant (infinity when none can)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        runnable = tables.costs.runnable & self.healthy
+        if not runnable.any():
+            return float("inf")
+        times = tables.costs.marginal_s[runnable, 0] * tables.correction[runnable]
+        return float(times.min())
+
     def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
         """Devices that could ever run this stage variant."""
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
@@ -264,6 +274,10 @@ class Scheduler:
     def queued(self, stage: str) -> int:
         """Tasks of ``stage`` waiting in its queue."""
         return len(self.queues[stage])
+
+    def queued_items(self, stage: str) -> int:
+        """Items of the tasks of ``stage`` waiting in its queue."""
+        return self.queues[stage].items
 
     # --- queues ------------------------------------------------------------------------------
 

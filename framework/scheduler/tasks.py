@@ -34,6 +34,8 @@ class StageTask:
         deadline: Arrival plus the SLA tier's deadline.
         inputs: Output handles of the steps it waits for (or the payload's, for a source step).
         items: Items in this task (a batch dimension), for cost estimates.
+        units: The request's complexity units (its profile's weighted sum), for the pace
+            admission estimates with.
         excluded: Devices that already failed it; placement avoids them.
         failures: What each of those devices raised, for the final error.
         attempts: Placements tried so far.
@@ -48,6 +50,7 @@ class StageTask:
     deadline: float
     inputs: tuple[OutputHandle, ...] = ()
     items: int = 1
+    units: float = 0.0
     excluded: frozenset[str] = frozenset()
     attempts: int = 0
     cancelled: bool = False

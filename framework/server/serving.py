@@ -23,6 +23,7 @@ import numpy as np
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
 from hetero.framework.engine import AccessGate, Engine, Metrics, StageStatus
+from hetero.framework.engine.heap import release_free_memory
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import StageConfig
@@ -421,7 +422,9 @@ class Serving:
         HTTP request's) prefixes the engine's id, which access checks and the audit record."""
         engine = self._engine()
         self._admit(stage, caller)
-        variant, reason = engine.admit(stage.name, caller.qos_class, profile or RequestProfile())
+        variant, reason = engine.admit(
+            stage.name, caller.qos_class, profile or RequestProfile(), principal=caller.principal
+        )
         key = None
         if content is not None and self._cacheable(stage):
             assert self.cache is not None
@@ -442,12 +445,17 @@ class Serving:
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``; cached text by text, misses in one request."""
+        """Embeddings of ``texts`` ``[N, 384]``; cached text by text, the misses in model calls
+        of at most the stage's ``max_batch`` texts, one after another: a large request holds
+        the model one batch at a time (others' requests run between its batches) and its
+        memory stays that of one batch."""
         stage = self.stage_of_kind("text_embed")
         engine = self._engine()
         self._admit(stage, caller)
-        profile = RequestProfile(text_tokens=sum(len(t) for t in texts) // 4)
-        variant, reason = engine.admit(stage.name, caller.qos_class, profile)
+        profile = engine.plugins[stage.name].profile(list(texts))
+        variant, reason = engine.admit(
+            stage.name, caller.qos_class, profile, items=len(texts), principal=caller.principal
+        )
         vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
         keys: list[Any] = [None] * len(texts)
         if self._cacheable(stage):
@@ -465,13 +473,22 @@ class Serving:
         if missing:
             if self._cacheable(stage):
                 self.metrics.cache_misses.labels(stage.name).inc(len(missing))
-            computed, device = await self._submit(
-                engine, stage, [texts[i] for i in missing], variant, caller, request_id
-            )
-            for row, index in enumerate(missing):
-                vectors[index] = computed[row]
-                if keys[index] is not None and self.cache is not None:
-                    self.cache.put(keys[index], np.ascontiguousarray(computed[row]))
+            plugin = engine.plugins[stage.name]
+            todo = [texts[i] for i in missing]
+            parts = plugin.split(todo, engine.max_batch(stage.name, variant))
+            start = 0
+            for part in parts:
+                chunk = missing[start : start + len(part)]
+                start += len(part)
+                computed, device = await self._submit(
+                    engine, stage, part, variant, caller, request_id
+                )
+                for row, index in enumerate(chunk):
+                    vectors[index] = computed[row]
+                    if keys[index] is not None and self.cache is not None:
+                        self.cache.put(keys[index], np.ascontiguousarray(computed[row]))
+            if len(parts) > 1:  # a large request: give its memory back to the OS
+                await asyncio.to_thread(release_free_memory)
         stacked = np.stack([v for v in vectors if v is not None]).astype(np.float32)
         return stacked, StageRun(stage.name, device, variant, not missing, reason)
 
@@ -496,7 +513,9 @@ class Serving:
         engine = self._engine()
         self._admit(stage, caller)
         profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
-        variant, reason = engine.admit(stage.name, caller.qos_class, profile)
+        variant, reason = engine.admit(
+            stage.name, caller.qos_class, profile, principal=caller.principal
+        )
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
 

@@ -27,7 +27,6 @@ from hetero.framework.scheduler import (
     Dispatch,
     OutputHandle,
     Rejection,
-    RequestProfile,
     Scheduler,
     StageTask,
     VirtualClock,
@@ -174,18 +173,18 @@ class _Simulation:
         qos = request.qos or spec.qos.default_class
         if request.arrival >= self.workload.spec.warmup_s:
             self.metrics.offered_by_class[qos] += 1
-        profile = RequestProfile(
-            text_tokens=request.text_tokens + request.output_tokens,
-            image_pixels=request.images * request.image_pixels,
-            audio_seconds=request.audio_seconds,
-        )
         pipeline = self.policy.pipeline_for_route(request.route)
         first = pipeline.steps[pipeline.order[0]].stage
-        try:  # the engine's admission, judged against the simulated queue
+        scale = self._request_scale(first, request)
+        variants = spec.stages[first].variants
+        try:  # the engine's admission, judged against the simulated queue and cost model
             admitted = self.admission.decide(
                 first,
                 qos,
-                profile,
+                run_s=self.scheduler.fastest_s(first, "full") * scale,
+                light_run_s=self.scheduler.fastest_s(first, "light") * scale
+                if "light" in variants
+                else None,
                 depth=self.scheduler.queued(first),
                 queue_delay_s=self.scheduler.queue_delay_s(),
             )
@@ -277,16 +276,14 @@ class _Simulation:
 
     def _scale(self, dispatch: Dispatch) -> float:
         """Work of this request's stage relative to the hint's nominal item."""
-        request = (
-            self.runs[int(dispatch.task.request_id)].request
-            if int(dispatch.task.request_id) in self.runs
-            else None
-        )
-        if request is None:
-            return 1.0
+        run = self.runs.get(int(dispatch.task.request_id))
+        return 1.0 if run is None else self._request_scale(dispatch.task.stage, run.request)
+
+    def _request_scale(self, stage: str, request: SimRequest) -> float:
+        """Work of ``request`` in ``stage`` relative to the hint's nominal item."""
         spec = self.workload.spec
-        nominal = spec.stage_nominal.get(dispatch.task.stage, spec.nominal)
-        modality = self.policy.spec.stages[dispatch.task.stage].modality
+        nominal = spec.stage_nominal.get(stage, spec.nominal)
+        modality = self.policy.spec.stages[stage].modality
         if modality == "image" and request.images:
             pixels = request.image_pixels or nominal.image_pixels
             return request.images * pixels / nominal.image_pixels

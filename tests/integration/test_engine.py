@@ -47,7 +47,7 @@ pipelines:
   two: {steps: [{stage: encode}, {stage: head}]}
 routes: {/two: two}
 circuit_breaker:
-  complexity: {min_samples: 10, degrade_above_p95: 2, shed_above_p95: 4}
+  complexity: {degrade_at: 0.5}
   device: {window: 4, min_calls: 2, error_rate: 0.5, open_s: 60}
 qos:
   default_class: standard
@@ -202,13 +202,26 @@ def test_heavy_requests_are_degraded_or_shed() -> None:
     policy = load_policy_text(POLICY, "engine.yaml")
     with Engine(policy, flaky_registry(), GRAPHS) as engine:
         x = np.ones((1, 16), np.float32)
-        for _ in range(12):
-            engine.run("/two", {"x": x}, timeout=60, profile=RequestProfile(text_tokens=100))
-        degraded = engine.run("/two", {"x": x}, timeout=60, profile=RequestProfile(text_tokens=250))
-        assert degraded.degraded  # ran the light variant (same graph here: light falls back)
-        with pytest.raises(ShedError) as caught:
-            engine.submit("/two", {"x": x}, profile=RequestProfile(text_tokens=10_000))
+        small = RequestProfile(text_tokens=100)
+        for _ in range(3):  # measures the stage's pace per complexity unit
+            assert not engine.run("/two", {"x": x}, timeout=60, profile=small).degraded
+        pace = engine.status["encode"].pace("full")
+        assert pace.unit_s > 0 and pace.item_s > 0
+        # 5 s deadline: a request estimated past half of it runs light while work is queued,
+        # one past all of it is shed with a Retry-After; an idle stage admits anything.
+        heavy = RequestProfile(text_tokens=int(100 * 3.0 / (pace.unit_s * 0.1)))
+        huge = RequestProfile(text_tokens=int(100 * 60.0 / (pace.unit_s * 0.1)))
+        assert engine.admit("encode", None, huge) == ("full", "")
+        engine._running["encode"] += 1  # as if a batch were running (test only)
+        try:
+            variant, reason = engine.admit("encode", None, heavy)
+            assert variant == "light" and "of the deadline" in reason
+            with pytest.raises(ShedError) as caught:
+                engine.submit("/two", {"x": x}, profile=huge)
+        finally:
+            engine._running["encode"] -= 1
         assert caught.value.status == 429 and caught.value.retry_after_s >= 1.0
+        assert "deadline" in str(caught.value)
 
 
 def test_a_request_that_times_out_is_cancelled_and_the_engine_carries_on() -> None:

@@ -114,4 +114,6 @@ def test_plugins_measure_a_request_cheaply_for_admission() -> None:
     assert VisionEncoder().profile(photo_png(size=(320, 240))).image_pixels == 320 * 240
     seconds = SpeechRecognizer().profile(speech_like_wav(2.5)).audio_seconds
     assert abs(seconds - 2.5) < 1e-6
-    assert TextEmbedder().profile(["a" * 40, "b" * 40]).text_tokens == 20
+    # 4 characters a token plus [CLS] and [SEP]; a text counts at most its first 256 tokens
+    assert TextEmbedder().profile(["a" * 40, "b" * 40]).text_tokens == 2 * (10 + 2)
+    assert TextEmbedder().profile(["c" * 50_000]).text_tokens == 256 + 2

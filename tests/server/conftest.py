@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -37,6 +38,7 @@ class ServerThread:
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.started_devices: dict[str, Any] = {}
 
     def __enter__(self) -> ServerThread:
         started = threading.Event()
@@ -181,5 +183,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThre
     )
     with ServerThread(create_app(runtime, registry=default_registry())) as server:
         runtime.start()
+        # where warm-up placed each stage, before any test's traffic widens residency
+        server.started_devices = httpx.get(f"{server.url}/v1/devices", timeout=60).json()
         yield server
     runtime.close()

@@ -39,11 +39,14 @@ def test_ops_routes(http: httpx.Client) -> None:
     models = {m["id"] for m in http.get("/v1/models").json()["data"]}
     assert {"smollm2-135m-instruct", "all-minilm-l6-v2", "whisper-tiny.en"} <= models
     stages = {s["stage"]: s for s in http.get("/v1/devices").json()["stages"]}
-    assert stages["text_embed"]["resident_on"] in (OPENVINO_CPU, ORT_CPU)
+    assert set(stages["text_embed"]["resident_on"].split(",")) & {OPENVINO_CPU, ORT_CPU}
 
 
-def test_the_scheduler_places_by_calibrated_cost_and_says_where(http: httpx.Client) -> None:
-    stages = {s["stage"]: s for s in http.get("/v1/devices").json()["stages"]}
+def test_the_scheduler_places_by_calibrated_cost_and_says_where(
+    http: httpx.Client, real_server: ServerThread
+) -> None:
+    # as warm-up left it: later traffic (other tests) may have loaded it elsewhere too
+    stages = {s["stage"]: s for s in real_server.started_devices["stages"]}
     timings = stages["text_embed"]["warmup_timings_s"]
     assert isinstance(timings[OPENVINO_CPU], float) and isinstance(timings[ORT_CPU], float)
     fastest = min((OPENVINO_CPU, ORT_CPU), key=lambda device: timings[device])
