@@ -418,6 +418,9 @@ class AuditConfig(_Frozen):
     hash: Literal["sha256", "sm3"] = "sha256"
     signing_key: Name = "~/.config/hetero/audit-signing.pem"
     checkpoint_every: PositiveInt = 100
+    checkpoint_interval_s: PositiveFloat = 5.0
+    max_checkpoint_age_s: PositiveFloat = 60.0
+    anchor: Name | None = None
 
 
 RuntimeName = Literal["kata", "gvisor", "containerd", "runc", "bwrap"]
