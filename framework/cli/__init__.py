@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept a checkpoint the writer did not close and is too old (after a crash)",
     )
+    keys = commands.add_parser("keys", help="API key tools")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    keys_hash = keys_commands.add_parser(
+        "hash", help="the salted hash a policy stores for the API key read from stdin"
+    )
+    keys_hash.add_argument("--new", action="store_true", help="make a new key and print both")
     sandbox = commands.add_parser("sandbox", help="sandbox runtimes, erasure and retention")
     sandbox_commands = sandbox.add_subparsers(
         dest="sandbox_command", required=True, metavar="ACTION"
@@ -168,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                 allow_missing_checkpoint=args.allow_missing_checkpoint,
                 allow_stale_checkpoint=args.allow_stale_checkpoint,
             )
+        if args.command == "keys":
+            from hetero.framework.cli.keys import run_keys_hash
+
+            return run_keys_hash(out, args.new)
         if args.command == "sandbox":
             if args.sandbox_command == "check":
                 return run_sandbox_check(out, args.policy, args.json)
