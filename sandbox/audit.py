@@ -93,12 +93,12 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _parse_line(line: str) -> dict[str, Any]:
+def _parse_line(line: str, *, canonical: bool = True) -> dict[str, Any]:
     """One record or checkpoint: an object with no duplicate keys, in canonical spelling."""
     value = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
-    if _line(value) != line:
+    if canonical and _line(value) != line:
         raise ValueError("not in canonical form (sorted keys, one spelling)")
     return value
 
@@ -184,9 +184,11 @@ class Checkpoint:
 
 def _read_checkpoint(text: str, public_key: Ed25519PublicKey) -> Checkpoint:
     """A checkpoint line, its signature checked; ValueError when unreadable or forged."""
-    value = _parse_line(text)
+    value = _parse_line(text, canonical=False)
+    if "kind" in value and _line(value) != text:
+        raise ValueError("not in canonical form (sorted keys, one spelling)")
     signature = _strict_b64(value.pop("sig", None))
-    if "kind" not in value:  # the first format: records and head only, no time
+    if "kind" not in value:  # the first format (unsorted keys): records and head, no time
         if set(value) != {"records", "head"}:
             raise ValueError("unknown checkpoint fields")
         body: dict[str, Any] = value
@@ -265,6 +267,15 @@ class AuditLog:
         self._lock = threading.Lock()
         self._count, self._head, self._seq, self._anchored = 0, GENESIS, 0, -1
         self._closed = False
+        if anchor is not None and not anchor.exists():
+            if path.exists():
+                logger.warning(
+                    "audit anchor %s did not exist: created; it vouches for %s from now on",
+                    anchor,
+                    path,
+                )
+            descriptor = os.open(anchor, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.close(descriptor)
         if path.exists():
             report = verify(
                 path,
@@ -284,8 +295,6 @@ class AuditLog:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.close(descriptor)
         if anchor is not None:
-            descriptor = os.open(anchor, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.close(descriptor)
             _warn_unless_append_only(anchor)
         with self._lock:
             self._checkpoint(final=False)

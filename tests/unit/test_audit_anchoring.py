@@ -16,6 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hetero.sandbox.audit import (
+    AuditError,
     AuditLog,
     Checkpoint,
     load_or_create_signing_key,
@@ -322,3 +323,45 @@ def test_verify_takes_the_anchor_and_age_from_the_policy(
     assert result.returncode == 1 and "older than the anchor's newest" in result.stderr
     shutil.copy(tmp_path / "newest", sidecar(path))
     assert hetero(*command, "--anchor", str(anchor)).returncode == 0
+
+
+def test_a_log_from_before_checkpoints_had_times_opens_and_continues(
+    tmp_path: Path, key: Ed25519PrivateKey, clock: Clock
+) -> None:
+    """The first checkpoint format (records, head, sig; unsorted keys) is still read: a log
+    written before this change is reopened, not refused."""
+    import base64
+
+    path = tmp_path / "audit.log"
+    log = open_log(path, key, clock)
+    append(log, clock, 3)
+    log.close()
+    head = json.loads(path.read_text().splitlines()[-1])["hash"]
+    body = {"records": 3, "head": head}
+    signature = key.sign(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    legacy = {**body, "sig": base64.b64encode(signature).decode()}
+    sidecar(path).write_text(json.dumps(legacy))
+    report = verify(path, key.public_key(), now=clock.now)
+    assert not report.ok and "no time" in report.problem  # it cannot say how old it is
+    assert verify(path, key.public_key(), now=clock.now, allow_stale_checkpoint=True).ok
+    reopened = open_log(path, key, clock)
+    append(reopened, clock, 1)
+    reopened.close()
+    assert verify(path, key.public_key(), now=clock.now).ok
+
+
+def test_an_anchor_added_to_an_existing_log_is_created_with_a_warning(
+    tmp_path: Path, key: Ed25519PrivateKey, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, anchor = tmp_path / "audit.log", tmp_path / "audit.anchor"
+    log = open_log(path, key, clock)
+    append(log, clock, 2)
+    log.close()
+    with caplog.at_level("WARNING", logger="hetero.sandbox.audit"):
+        anchored = open_log(path, key, clock, anchor)
+    assert "did not exist: created" in caplog.text
+    anchored.close()
+    assert verify(path, key.public_key(), anchor=anchor, now=clock.now).ok
+    anchor.unlink()
+    with pytest.raises(AuditError, match="anchor not found"):
+        verify(path, key.public_key(), anchor=anchor, now=clock.now)
