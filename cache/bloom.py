@@ -32,6 +32,8 @@ ERASE_CHANNEL = "hetero:erase"
 
 
 def _hash(digest: bytes) -> int:
+    """The key's own 128 bits as an int. rbloom hashes an int with Python's hash(), which is
+    the same in every process for ints (unlike bytes), and calls no Python code to do it."""
     return int.from_bytes(digest[:16], "big", signed=True)
 
 
@@ -44,8 +46,8 @@ class GenerationalBloom:
         self._expected = expected_entries
         self._rate = false_positive_rate
         self.rotate_after_s = rotate_after_s
-        self._current = Bloom(expected_entries, false_positive_rate, _hash)
-        self._previous = Bloom(expected_entries, false_positive_rate, _hash)
+        self._current = Bloom(expected_entries, false_positive_rate)
+        self._previous = Bloom(expected_entries, false_positive_rate)
         self._rotated_at = time.monotonic()
         self._lock = threading.Lock()
         self._subscriber: Any = None  # redis-py's PubSubWorkerThread
@@ -58,18 +60,19 @@ class GenerationalBloom:
             with self._lock:
                 if time.monotonic() - self._rotated_at >= self.rotate_after_s:
                     self._previous = self._current
-                    self._current = Bloom(self._expected, self._rate, _hash)
+                    self._current = Bloom(self._expected, self._rate)
                     self._rotated_at = time.monotonic()
 
     def might_contain(self, digest: bytes) -> bool:
         """False means certainly absent."""
         self._maybe_rotate()
-        return digest in self._current or digest in self._previous
+        key = _hash(digest)
+        return key in self._current or key in self._previous
 
     def add(self, digest: bytes, *, publish: bool = True) -> None:
         """Remember ``digest`` (and tell the other instances)."""
         self._maybe_rotate()
-        self._current.add(digest)
+        self._current.add(_hash(digest))
         if publish and self._client is not None:
             try:
                 self._client.publish(CHANNEL, digest)
@@ -80,7 +83,7 @@ class GenerationalBloom:
         """Warm from existing keys; how many."""
         count = 0
         for digest in digests:
-            self._current.add(digest)
+            self._current.add(_hash(digest))
             count += 1
         return count
 

@@ -77,14 +77,7 @@ class FeatureCache:
         self.sensitive = sensitive
         self._cipher_for = cipher_for or (lambda partition: None)
         self.metrics = metrics or CacheMetrics()
-        self.memory = (
-            MemoryTier(
-                config.memory.max_bytes,
-                expected_entries=min(config.bloom.expected_entries, 100_000),
-            )
-            if config.memory.enabled
-            else None
-        )
+        self.memory = MemoryTier(config.memory.max_bytes) if config.memory.enabled else None
         errors = self.metrics.errors
         self.disk = (
             DiskTier(

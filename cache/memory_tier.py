@@ -1,133 +1,361 @@
-"""L1: in-process memory, bounded in bytes, LRU eviction with TinyLFU admission.
+"""L1: in-process memory, bounded in bytes, W-TinyLFU eviction and admission.
 
 Multimodal traffic is skewed with a long tail of one-off content (a new photo, a stranger's
-voice): plain LRU lets every one-off push out an entry that is asked for again and again.
-TinyLFU (Einziger, Friedman and Manes, 2017) keeps a small count-min sketch of recent request
-frequencies (hits, and misses when their value is offered) and admits a new entry only if it has
-been asked for more often than the entry it would evict. The sketch halves its counters every
-``10 x capacity`` requests, so frequencies track the recent past. A value's size is its encoded
-length.
+voice), but some streams reuse by recency (prompt prefixes, a document read page after page).
+Plain LRU lets every one-off push out an entry asked for again and again; a pure frequency
+filter in front of LRU refuses the newcomers a recency stream asks for next. W-TinyLFU
+(Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS
+2017; Caffeine's design) does both:
+
+- a small LRU **admission window** (1 % of the bytes at first) takes every new entry;
+- what falls out of the window is a candidate for the **main space**, a segmented LRU
+  (probation, and protected for entries hit while on probation, at most 80 % of the main space):
+  a candidate enters only if a count-min sketch of recent frequencies says it is asked for at
+  least as often as the probation entry it would evict; otherwise the candidate goes;
+- the sketch has 4-bit counters, a **doorkeeper** (a Bloom filter that absorbs the first
+  request of each key, so one-offs never reach the counters) and **ages**: every ``10 x`` its
+  width in requests all counters halve and the doorkeeper is cleared;
+- the **window adapts** to the stream. Caffeine moves it by hill climbing on the sampled hit
+  rate; replayed on our streams that climber was too slow or too noisy (docs/cache.md has the
+  figures), so the window is steered by ghosts instead, as ARC steers its lists: a rejected
+  candidate asked for again means the window was too small (it grows), a main-space victim
+  asked for again means it was too large (it shrinks). Recency streams end up with a large
+  window (LRU-like), frequency streams with a small one.
+
+Capacity is in bytes (a value's size is its encoded length); the window, probation and protected
+budgets are byte shares. Hits are recorded in a buffer applied to the sketch in batches (as
+Caffeine's read buffer), so a hit is a dictionary lookup and a move in an ordered dictionary.
+Entries carry their own expiry, checked when read; an expired entry never read again leaves
+through normal eviction.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from rbloom import Bloom
 
 __all__ = ["FrequencySketch", "MemoryTier"]
 
-ROWS = 4
+MAX_COUNT = 15
+MAX_WIDTH_BITS = 16  # a key's four counters are four 16-bit pieces of its 64-bit hash
+WINDOW_START = 0.01
+PROTECTED_SHARE = 0.8
+READ_BUFFER = 64
+# Evictions run in batches, once the tier is over budget by this many times the size of the
+# entry being stored (as Caffeine's maintenance runs after a buffer of writes): most writes
+# only insert. The tier's bytes exceed max_bytes by at most that much.
+EVICT_BATCH = 8
+SKETCH_PER_ENTRY = 16  # counters per row for each entry held: slow ageing, few collisions
+GHOST_SHARE = 0.1  # each ghost list remembers this share of the entries held (at least 16)
+GHOST_STEP = 8  # the window moves by this many sizes of the entry asked for, per ghost hit
+WARM = 6  # a warm candidate that loses still enters 1 time in 128 (Caffeine's jitter)
+
+# An entry is a list (cheaper to build and read than an object); these are its fields.
+VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOTS = range(6)
+WINDOW, PROBATION, PROTECTED = range(3)
+
+Slots = tuple[int, int, int, int]
 
 
 class FrequencySketch:
-    """A count-min sketch of small counters (capped at 15), halved periodically."""
+    """A count-min sketch of 4-bit counters behind a doorkeeper, halved periodically.
 
-    def __init__(self, width: int, reset_after: int) -> None:
-        self.width = max(64, width)
-        self._rows = [bytearray(self.width) for _ in range(ROWS)]
-        self._reset_after = max(reset_after, 1)
-        self._seen = 0
+    Four rows of ``width`` counters in one table; a key's four counters come from four 32-bit
+    pieces of its hash (the key is a BLAKE2b digest, so the pieces are independent). The
+    doorkeeper is an rbloom filter of the keys seen since the last halving.
+    """
 
-    def add(self, digest: bytes) -> None:
-        """Count one request for ``digest`` (the digest's bytes are the row hashes)."""
-        width = self.width
-        for row_index, row in enumerate(self._rows):
-            slot = int.from_bytes(digest[4 * row_index : 4 * row_index + 4], "little") % width
-            if row[slot] < 15:
-                row[slot] += 1
-        self._seen += 1
-        if self._seen >= self._reset_after:
-            for index, row in enumerate(self._rows):
-                self._rows[index] = bytearray((np.frombuffer(row, np.uint8) >> 1).tobytes())
-            self._seen //= 2
+    def __init__(self, width: int) -> None:
+        self.width = 1 << min(MAX_WIDTH_BITS, max(6, (width - 1).bit_length()))
+        self.mask = self.width - 1
+        self._table = bytearray(4 * self.width)
+        self.sample = 10 * self.width
+        self._door = Bloom(self.sample, 0.01)
+        self._added = 0
 
-    def estimate(self, digest: bytes) -> int:
-        """How often ``digest`` was asked for recently (an upper bound)."""
-        width = self.width
-        return min(
-            row[int.from_bytes(digest[4 * i : 4 * i + 4], "little") % width]
-            for i, row in enumerate(self._rows)
+    def slots(self, key_hash: int) -> Slots:
+        """The key's four counters."""
+        mask, width = self.mask, self.width
+        return (
+            key_hash & mask,
+            width + ((key_hash >> 16) & mask),
+            2 * width + ((key_hash >> 32) & mask),
+            3 * width + ((key_hash >> 48) & mask),
         )
 
+    def increment(self, key_hash: int, slots: Slots) -> None:
+        """Count one request: the first since the last halving only passes the doorkeeper."""
+        door = self._door
+        if key_hash in door:
+            table = self._table
+            a, b, c, d = slots
+            if table[a] < MAX_COUNT:
+                table[a] += 1
+            if table[b] < MAX_COUNT:
+                table[b] += 1
+            if table[c] < MAX_COUNT:
+                table[c] += 1
+            if table[d] < MAX_COUNT:
+                table[d] += 1
+        else:
+            door.add(key_hash)
+        self._added += 1
+        if self._added >= self.sample:
+            self._halve()
 
-@dataclass(slots=True)
-class _Entry:
-    value: Any
-    size: int
-    expires_at: float
+    def frequency(self, key_hash: int, slots: Slots) -> int:
+        """How often the key was asked for recently (an upper bound)."""
+        table = self._table
+        a, b, c, d = slots
+        return min(table[a], table[b], table[c], table[d]) + (key_hash in self._door)
+
+    def _halve(self) -> None:
+        self._table = self._table.translate(_HALF)
+        self._door.clear()
+        self._added //= 2
+
+
+_HALF = bytes(value >> 1 for value in range(256))
 
 
 class MemoryTier:
-    """A byte-bounded map from key digests to decoded values."""
+    """A byte-bounded map from key digests to decoded values (W-TinyLFU)."""
 
     name = "memory"
 
-    def __init__(
-        self, max_bytes: int, *, expected_entries: int = 10_000, admission: bool = True
-    ) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.admission = admission
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._bytes = 0
-        self._sketch = FrequencySketch(
-            width=2 * expected_entries, reset_after=10 * expected_entries
-        )
+        self._data: dict[bytes, list[Any]] = {}
+        self._window: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self._probation: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self._protected: OrderedDict[bytes, list[Any]] = OrderedDict()
+        self._queues = (self._window, self._probation, self._protected)
+        self._bytes = [0, 0, 0]  # per queue
+        self.window_max = max(1, int(max_bytes * WINDOW_START))
+        self._sketch = FrequencySketch(64)
+        self._reads: list[list[Any]] = []
+        # Ghosts: digests of rejected candidates and of evicted main-space victims.
+        self._lost: OrderedDict[bytes, None] = OrderedDict()
+        self._evicted: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._random = random.Random(0)
         self.evictions = 0
         self.rejections = 0
 
     @property
     def size_bytes(self) -> int:
         """Bytes held."""
-        return self._bytes
+        return sum(self._bytes)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._data)
+
+    # --- reads -------------------------------------------------------------------------------
 
     def get(self, digest: bytes, now: float) -> Any | None:
-        """The value, or None (missing or expired). A hit counts towards the key's frequency
-        here; a miss counts when the computed value is offered to :meth:`put`, so a miss on
-        never-seen content stays one dictionary lookup."""
+        """The value, or None (missing or expired). A hit is recorded for the sketch; a miss
+        counts when the computed value is offered to :meth:`put`."""
         with self._lock:
-            entry = self._entries.get(digest)
+            entry = self._data.get(digest)
             if entry is None:
                 return None
-            if entry.expires_at <= now:
+            if entry[EXPIRES] <= now:
                 self._remove(digest)
                 return None
-            self._sketch.add(digest)
-            self._entries.move_to_end(digest)
-            return entry.value
+            queue = entry[QUEUE]
+            if queue == PROBATION:
+                self._promote(digest, entry)
+            elif queue == PROTECTED:
+                self._protected.move_to_end(digest)
+            else:
+                self._window.move_to_end(digest)
+            reads = self._reads
+            reads.append(entry)
+            if len(reads) >= READ_BUFFER:
+                self._drain()
+            return entry[VALUE]
+
+    def _promote(self, digest: bytes, entry: list[Any]) -> None:
+        """A probation entry asked for again moves to protected; protected's oldest go back to
+        probation while protected is over its share."""
+        probation, protected, sizes = self._probation, self._protected, self._bytes
+        del probation[digest]
+        protected[digest] = entry
+        entry[QUEUE] = PROTECTED
+        sizes[PROBATION] -= entry[SIZE]
+        sizes[PROTECTED] += entry[SIZE]
+        limit = (self.max_bytes - self.window_max) * PROTECTED_SHARE
+        while sizes[PROTECTED] > limit and len(protected) > 1:
+            old_digest, old = protected.popitem(last=False)
+            probation[old_digest] = old
+            old[QUEUE] = PROBATION
+            sizes[PROTECTED] -= old[SIZE]
+            sizes[PROBATION] += old[SIZE]
+
+    def _drain(self) -> None:
+        increment = self._sketch.increment
+        for entry in self._reads:
+            increment(entry[HASH], entry[SLOTS])
+        self._reads.clear()
+
+    # --- writes ------------------------------------------------------------------------------
 
     def put(self, digest: bytes, value: Any, size: int, expires_at: float) -> bool:
-        """Store unless admission refuses it; True if stored."""
+        """Store: the window takes every new entry, and whether it enters the main space is
+        decided when it leaves the window. False if it is not held once this returns (larger
+        than the tier, or evicted at once)."""
         if size > self.max_bytes:
             return False
         with self._lock:
-            self._sketch.add(digest)
-            if digest in self._entries:
+            data = self._data
+            if digest in data:
                 self._remove(digest)
-            while self._bytes + size > self.max_bytes and self._entries:
-                victim = next(iter(self._entries))
-                if self.admission and self._sketch.estimate(digest) <= self._sketch.estimate(
-                    victim
-                ):
-                    self.rejections += 1
-                    return False
-                self._remove(victim)
+            elif self._lost or self._evicted:
+                self._adapt(digest, size)
+            key_hash = hash(digest)  # computed once per bytes object, by the lookup above
+            sketch = self._sketch
+            mask, width = sketch.mask, sketch.width
+            slots = (
+                key_hash & mask,
+                width + ((key_hash >> 16) & mask),
+                2 * width + ((key_hash >> 32) & mask),
+                3 * width + ((key_hash >> 48) & mask),
+            )
+            entry = [value, size, expires_at, WINDOW, key_hash, slots]
+            reads = self._reads
+            reads.append(entry)
+            if len(reads) >= READ_BUFFER:
+                self._drain()
+            data[digest] = entry
+            self._window[digest] = entry
+            sizes = self._bytes
+            sizes[WINDOW] += size
+            if sizes[0] + sizes[1] + sizes[2] > self.max_bytes + EVICT_BATCH * size:
+                self._evict()
+            if SKETCH_PER_ENTRY * len(data) > sketch.width and sketch.width < 1 << MAX_WIDTH_BITS:
+                self._grow_sketch()
+            return digest in data
+
+    def _evict(self) -> None:
+        """Window overflow becomes candidates for the main space, newest first; while the tier
+        is over budget a candidate duels on frequency with the main space's oldest entry
+        (probation's, else protected's) and the loser goes (Caffeine's evictFromMain)."""
+        if self._reads:  # duels see every request so far
+            self._drain()
+        window, probation, protected = self._window, self._probation, self._protected
+        data, sizes, max_bytes = self._data, self._bytes, self.max_bytes
+        total = sizes[0] + sizes[1] + sizes[2]
+        candidates = []
+        while sizes[WINDOW] > self.window_max and window:
+            digest, entry = window.popitem(last=False)
+            sizes[WINDOW] -= entry[SIZE]
+            candidates.append((digest, entry))
+        sketch = self._sketch
+        for digest, entry in reversed(candidates):
+            admitted = True
+            while total > max_bytes:
+                victim = next(iter(probation), None) or next(iter(protected), None)
+                if victim is None:
+                    break
+                held = data[victim]
+                if self._admit(sketch, entry, held):
+                    self._remember(self._evicted, victim)
+                    self._remove(victim)
+                    total -= held[SIZE]
+                    self.evictions += 1
+                else:
+                    admitted = False
+                    break
+            if admitted:
+                probation[digest] = entry
+                entry[QUEUE] = PROBATION
+                sizes[PROBATION] += entry[SIZE]
+            else:
+                del data[digest]
+                total -= entry[SIZE]
+                self._remember(self._lost, digest)
+                self.rejections += 1
                 self.evictions += 1
-            self._entries[digest] = _Entry(value, size, expires_at)
-            self._bytes += size
+        while total > max_bytes:  # no candidate left to duel: the oldest entries go
+            queue = probation or protected or window
+            victim, held = queue.popitem(last=False)
+            del data[victim]
+            sizes[held[QUEUE]] -= held[SIZE]
+            total -= held[SIZE]
+            self.evictions += 1
+
+    def _admit(self, sketch: FrequencySketch, candidate: list[Any], victim: list[Any]) -> bool:
+        wanted = sketch.frequency(candidate[HASH], candidate[SLOTS])
+        if wanted >= sketch.frequency(victim[HASH], victim[SLOTS]):
             return True
+        # A warm candidate sometimes wins a lost duel, so nobody can pin a victim in place by
+        # keeping its frequency just above everything else.
+        return wanted >= WARM and self._random.random() < 1 / 128
+
+    # --- window adaptation ------------------------------------------------------------------
+
+    def _remember(self, ghosts: OrderedDict[bytes, None], digest: bytes) -> None:
+        ghosts[digest] = None
+        if len(ghosts) > max(GHOST_SHARE * len(self._data), 16):
+            ghosts.popitem(last=False)
+
+    def _adapt(self, digest: bytes, size: int) -> None:
+        """A ghost asked for again moves the window boundary (ARC's rule, scaled by the
+        ghost lists' relative lengths)."""
+        lost, evicted = self._lost, self._evicted
+        if digest in lost:
+            del lost[digest]
+            step = GHOST_STEP * size * max(1.0, len(evicted) / max(len(lost), 1))
+            self._resize_window(self.window_max + step)
+        elif digest in evicted:
+            del evicted[digest]
+            step = GHOST_STEP * size * max(1.0, len(lost) / max(len(evicted), 1))
+            self._resize_window(self.window_max - step)
+
+    def _resize_window(self, wanted: float) -> None:
+        """A smaller window hands its oldest entries to probation; a larger one takes
+        probation's oldest (then protected's) so the main space fits its new share."""
+        self.window_max = int(min(max(wanted, 1), self.max_bytes))
+        window, probation, protected = self._window, self._probation, self._protected
+        sizes = self._bytes
+        while sizes[WINDOW] > self.window_max and window:
+            digest, entry = window.popitem(last=False)
+            probation[digest] = entry
+            entry[QUEUE] = PROBATION
+            sizes[WINDOW] -= entry[SIZE]
+            sizes[PROBATION] += entry[SIZE]
+        main_max = self.max_bytes - self.window_max
+        while sizes[PROBATION] + sizes[PROTECTED] > main_max:
+            source = probation or protected
+            if not source:
+                break
+            digest, entry = source.popitem(last=False)
+            window[digest] = entry
+            sizes[entry[QUEUE]] -= entry[SIZE]
+            entry[QUEUE] = WINDOW
+            sizes[WINDOW] += entry[SIZE]
+
+    def _grow_sketch(self) -> None:
+        """Fewer counters per row than the entries held want: a wider sketch (counts restart,
+        as Caffeine's ensureCapacity does)."""
+        self._sketch = FrequencySketch(SKETCH_PER_ENTRY * len(self._data))
+        slots = self._sketch.slots
+        for entry in self._data.values():
+            entry[SLOTS] = slots(entry[HASH])
+        for entry in self._reads:
+            entry[SLOTS] = slots(entry[HASH])
+
+    # --- removal -----------------------------------------------------------------------------
 
     def _remove(self, digest: bytes) -> None:
-        entry = self._entries.pop(digest, None)
+        entry = self._data.pop(digest, None)
         if entry is not None:
-            self._bytes -= entry.size
+            del self._queues[entry[QUEUE]][digest]
+            self._bytes[entry[QUEUE]] -= entry[SIZE]
 
     def delete(self, digest: bytes) -> None:
         """Drop one entry."""
@@ -135,7 +363,12 @@ class MemoryTier:
             self._remove(digest)
 
     def clear(self) -> None:
-        """Drop everything."""
+        """Drop every entry (the sketch keeps its counts: they describe the traffic)."""
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            self._data.clear()
+            for queue in self._queues:
+                queue.clear()
+            self._bytes = [0, 0, 0]
+            self._reads.clear()
+            self._lost.clear()
+            self._evicted.clear()

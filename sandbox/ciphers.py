@@ -22,6 +22,7 @@ __all__ = [
     "AES_256_GCM",
     "SM4_GCM",
     "Aead",
+    "CipherKeyError",
     "CipherUnavailableError",
     "DecryptionError",
     "aead",
@@ -40,6 +41,28 @@ class CipherUnavailableError(HeteroError, RuntimeError):
 
 class DecryptionError(HeteroError, ValueError):
     """Ciphertext, tag, key or associated data do not match: tampered, truncated or misplaced."""
+
+
+class CipherKeyError(HeteroError, ValueError):
+    """A key of the wrong length for the cipher was offered for sealing (AES-256-GCM takes only
+    32 bytes: a 16-byte key would silently be AES-128)."""
+
+
+def _sealing_key(name: str, key: bytes, size: int) -> bytes:
+    if len(key) != size:
+        raise CipherKeyError(f"{name} needs a {size}-byte key, got {len(key)} bytes")
+    return key
+
+
+def _opening_key(name: str, key: bytes, size: int) -> bytes:
+    # A blob whose cipher id was changed asks for the other cipher with this key: that is a
+    # failed decryption, never another library's ValueError.
+    if len(key) != size:
+        raise DecryptionError(
+            f"{name}: a {len(key)}-byte key cannot open this object (it needs {size}): the "
+            "envelope's cipher id or the key was altered"
+        )
+    return key
 
 
 class Aead(Protocol):
@@ -70,11 +93,12 @@ class _AesGcm:
     key_bytes: int = 32
 
     def seal(self, key: bytes, nonce: bytes, plaintext: bytes, aad: bytes) -> bytes:
-        return AESGCM(key).encrypt(nonce, plaintext, aad)
+        return AESGCM(_sealing_key(self.name, key, self.key_bytes)).encrypt(nonce, plaintext, aad)
 
     def open(self, key: bytes, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
+        cipher = AESGCM(_opening_key(self.name, key, self.key_bytes))
         try:
-            return AESGCM(key).decrypt(nonce, sealed, aad)
+            return cipher.decrypt(nonce, sealed, aad)
         except InvalidTag as err:
             raise DecryptionError("AES-256-GCM: authentication failed") from err
 
@@ -85,7 +109,8 @@ class _Sm4Gcm:
     key_bytes: int = 16
 
     def seal(self, key: bytes, nonce: bytes, plaintext: bytes, aad: bytes) -> bytes:
-        encryptor = Cipher(algorithms.SM4(key), modes.GCM(nonce)).encryptor()
+        algorithm = algorithms.SM4(_sealing_key(self.name, key, self.key_bytes))
+        encryptor = Cipher(algorithm, modes.GCM(nonce)).encryptor()
         encryptor.authenticate_additional_data(aad)
         body = encryptor.update(plaintext) + encryptor.finalize()
         return body + encryptor.tag
@@ -94,8 +119,9 @@ class _Sm4Gcm:
         if len(sealed) < TAG_BYTES:
             raise DecryptionError("SM4-GCM: shorter than its tag")
         body, tag = sealed[:-TAG_BYTES], sealed[-TAG_BYTES:]
+        algorithm = algorithms.SM4(_opening_key(self.name, key, self.key_bytes))
         try:
-            decryptor = Cipher(algorithms.SM4(key), modes.GCM(nonce, tag)).decryptor()
+            decryptor = Cipher(algorithm, modes.GCM(nonce, tag)).decryptor()
             decryptor.authenticate_additional_data(aad)
             return decryptor.update(body) + decryptor.finalize()
         except InvalidTag as err:

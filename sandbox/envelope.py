@@ -23,6 +23,7 @@ __all__ = [
     "rewrap",
     "seal_object",
     "unwrap_data_key",
+    "wrapping_key",
 ]
 
 MAGIC = b"HEV1"
@@ -120,6 +121,12 @@ def open_with_data_key(data_key: bytes, partition: str, object_id: str, blob: by
     return aead(cipher).open(
         data_key, nonce, blob[offset + NONCE_BYTES :], _data_aad(cipher, binding)
     )
+
+
+def wrapping_key(blob: bytes) -> tuple[str, int]:
+    """The partition key name and version that wrap this object's data key."""
+    _, wrapped, _ = _parse(blob)
+    return wrapped.key_name, wrapped.version
 
 
 def rewrap(keyring: KeyProvider, partition: str, object_id: str, blob: bytes) -> bytes:

@@ -91,3 +91,7 @@ class ComplianceGate:
     def record(self, kind: str, *, partition: str = "", **detail: Any) -> None:
         """Audit a sandbox start/stop, key use or erasure."""
         self.audit.append(kind, partition=partition, detail=detail)
+
+    def close(self) -> None:
+        """Write the audit log's final checkpoint (after the sandboxes have stopped)."""
+        self.audit.close()

@@ -46,6 +46,10 @@ class KeyProvider(Protocol):
         """Open a wrapped data key."""
         ...
 
+    def latest(self, name: str) -> int:
+        """The version of key ``name`` that :meth:`wrap` uses."""
+        ...
+
 
 class FileKeyring:
     """Key versions by name, from a 0600 JSON file: ``{"name": {"1": "<hex>", "2": ...}}``."""
@@ -90,8 +94,15 @@ class FileKeyring:
     def wrap(self, name: str, cipher: str, data_key: bytes, aad: bytes) -> WrappedKey:
         """Seal ``data_key`` under the newest version of ``name``."""
         version = self.latest(name)
+        key, algorithm = self._key(name, version), aead(cipher)
+        if len(key) != algorithm.key_bytes:
+            raise KeyringError(
+                f"{self.path}: key {name!r} version {version} is {len(key)} bytes; "
+                f"{algorithm.name} needs {algorithm.key_bytes} (hexadecimal: "
+                f"{2 * algorithm.key_bytes} digits)"
+            )
         nonce = os.urandom(NONCE_BYTES)
-        sealed = aead(cipher).seal(self._key(name, version), nonce, data_key, aad)
+        sealed = algorithm.seal(key, nonce, data_key, aad)
         return WrappedKey(name, version, nonce, sealed)
 
     def unwrap(self, wrapped: WrappedKey, cipher: str, aad: bytes) -> bytes:

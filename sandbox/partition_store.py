@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetero.framework.errors import HeteroError
-from hetero.sandbox.envelope import open_object, rewrap, seal_object
-from hetero.sandbox.keyring import KeyProvider
+from hetero.sandbox.ciphers import DecryptionError
+from hetero.sandbox.envelope import open_object, rewrap, seal_object, wrapping_key
+from hetero.sandbox.keyring import KeyProvider, KeyringError
 
-__all__ = ["PartitionStore", "PartitionStoreError"]
+__all__ = ["PartitionStore", "PartitionStoreError", "RotationReport"]
+
+logger = logging.getLogger(__name__)
 
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
@@ -135,12 +141,65 @@ class PartitionStore:
                 expired.append(object_id)
         return expired
 
-    def rotate(self) -> int:
-        """Re-wrap every object's data key under the newest key version; how many."""
-        count = 0
-        for path in sorted(self.directory.iterdir()):
-            if path.name.startswith("."):
+    def rotate(self) -> RotationReport:
+        """Re-wrap every object's data key under the newest key version.
+
+        Each object is rewritten whole or not at all (a temporary file, then a rename), so a
+        run that stops half way leaves every object readable; running again resumes, skipping
+        objects already under the newest version. An object that cannot be read or unwrapped
+        is left as it is and reported, and the others are still rotated."""
+        newest = self.keyring.latest(self.key_name)
+        report = RotationReport()
+        for object_id in self.object_ids():
+            path = self.directory / object_id
+            try:
+                blob = path.read_bytes()
+                if wrapping_key(blob) == (self.key_name, newest):
+                    report.current.append(object_id)
+                    continue
+                rotated = rewrap(self.keyring, self.partition, object_id, blob)
+                self._replace(path, rotated)
+            except (DecryptionError, KeyringError, OSError) as err:
+                report.failed[object_id] = f"{type(err).__name__}: {err}"
+                logger.warning("%s/%s not rotated: %s", self.partition, object_id, err)
                 continue
-            path.write_bytes(rewrap(self.keyring, self.partition, path.name, path.read_bytes()))
-            count += 1
-        return count
+            report.rotated.append(object_id)
+        return report
+
+    @staticmethod
+    def _replace(path: Path, content: bytes) -> None:
+        """Write ``content`` beside ``path``, flush it to disk, keep the owner, rename over."""
+        temporary = path.with_name(f".{path.name}.rotate.tmp")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(content)
+                handle.flush()
+                os.fsync(handle.fileno())
+            owner = path.stat()
+            with contextlib.suppress(PermissionError):  # a sandbox's uid, when we may set it
+                os.chown(temporary, owner.st_uid, owner.st_gid)
+            temporary.replace(path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+
+@dataclass(slots=True)
+class RotationReport:
+    """What :meth:`PartitionStore.rotate` did, object by object.
+
+    Attributes:
+        rotated: Re-wrapped under the newest key version.
+        current: Already under it (a resumed run skips them).
+        failed: Left as they were, with the reason (unreadable, tampered, unknown key).
+    """
+
+    rotated: list[str] = field(default_factory=list)
+    current: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Every object is under the newest key version."""
+        return not self.failed

@@ -23,7 +23,7 @@ from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
 from hetero.framework.stage_plugin import GraphRunner, StagePlugin, each
-from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
+from hetero.sandbox.audit import AuditLog, load_or_create_signing_key, parse_anchor
 from hetero.sandbox.device import register_sandbox_devices, sandbox_device
 from hetero.sandbox.gate import ComplianceGate
 from hetero.sandbox.keys import open_key
@@ -51,6 +51,8 @@ def build_gate(policy: Policy) -> ComplianceGate:
         load_or_create_signing_key(key_path),
         algorithm=audit.hash,
         checkpoint_every=audit.checkpoint_every,
+        checkpoint_interval_s=audit.checkpoint_interval_s,
+        anchor=parse_anchor(audit.anchor),
     )
     return ComplianceGate(policy, log)
 

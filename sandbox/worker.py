@@ -97,16 +97,31 @@ def _answer(
         return {"ok": False, "error": f"{partition}: no object {object_id!r} in this sandbox"}
     except OSError as err:
         return {"ok": False, "error": f"{partition}/{object_id}: cannot read: {err.strerror}"}
-    key = base64.b64decode(str(request.get("data_key", "")))
     try:
+        key = base64.b64decode(str(request.get("data_key", "")), validate=True)
         plaintext = open_with_data_key(key, partition, object_id, blob)
-    except DecryptionError as err:
+    except (DecryptionError, ValueError) as err:  # binascii.Error is a ValueError
         return {"ok": False, "error": f"{partition}/{object_id}: {err}"}
     try:
         return {"ok": True, "result": handle(plaintext, str(request.get("variant", "full")))}
     except ValueError as err:  # the input itself is unusable (InvalidInputError is one)
         return {"ok": False, "kind": "invalid_input", "error": f"{object_id}: {err}"}
     except Exception as err:  # a model failing on one input must not end the worker
+        return {"ok": False, "error": f"{object_id}: {type(err).__name__}: {err}"}
+
+
+def _answer_safely(
+    request: dict[str, Any], data_dir: Path, partition: str, handle: Handler
+) -> dict[str, Any]:
+    """:func:`_answer`, with anything unexpected answered as an error: one bad request never
+    ends the worker (and with it every other caller's sandbox)."""
+    try:
+        return _answer(request, data_dir, partition, handle)
+    except Exception as err:
+        object_id = request.get("object", "")
+        print(
+            f"request for {object_id!r} failed: {type(err).__name__}", file=sys.stderr, flush=True
+        )
         return {"ok": False, "error": f"{object_id}: {type(err).__name__}: {err}"}
 
 
@@ -122,8 +137,8 @@ def serve(socket_path: Path, data_dir: Path, partition: str, handle: Handler) ->
             with connection:
                 try:
                     request = receive(connection)
-                    send(connection, _answer(request, data_dir, partition, handle))
-                except WireError as err:
+                    send(connection, _answer_safely(request, data_dir, partition, handle))
+                except (WireError, OSError) as err:
                     print(f"dropped a connection: {err}", file=sys.stderr, flush=True)
 
 

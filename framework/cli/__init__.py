@@ -77,6 +77,32 @@ def build_parser() -> argparse.ArgumentParser:
     audit_verify = audit_commands.add_parser("verify", help="check chain, hashes, signatures")
     audit_verify.add_argument("file", help="the audit log (JSON lines)")
     audit_verify.add_argument("--public-key", required=True, help="the signer's Ed25519 PEM")
+    audit_verify.add_argument(
+        "--policy", help="take the anchor and the checkpoint age allowed from this policy"
+    )
+    audit_verify.add_argument("--anchor", help="the anchor file the writer appends checkpoints to")
+    audit_verify.add_argument(
+        "--max-checkpoint-age",
+        type=float,
+        metavar="SECONDS",
+        help="how old a checkpoint that is not final may be (default: the policy's, else 60)",
+    )
+    audit_verify.add_argument(
+        "--allow-missing-checkpoint",
+        action="store_true",
+        help="accept a log without its checkpoint (its tail could have been cut)",
+    )
+    audit_verify.add_argument(
+        "--allow-stale-checkpoint",
+        action="store_true",
+        help="accept a checkpoint the writer did not close and is too old (after a crash)",
+    )
+    keys = commands.add_parser("keys", help="API key tools")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    keys_hash = keys_commands.add_parser(
+        "hash", help="the salted hash a policy stores for the API key read from stdin"
+    )
+    keys_hash.add_argument("--new", action="store_true", help="make a new key and print both")
     sandbox = commands.add_parser("sandbox", help="sandbox runtimes, erasure and retention")
     sandbox_commands = sandbox.add_subparsers(
         dest="sandbox_command", required=True, metavar="ACTION"
@@ -137,7 +163,21 @@ def main(argv: list[str] | None = None) -> int:
                 return run_bench_cache(out, args.json)
             return run_bench_scheduler(out, args.json)
         if args.command == "audit":
-            return run_audit_verify(out, err, args.file, args.public_key)
+            return run_audit_verify(
+                out,
+                err,
+                args.file,
+                args.public_key,
+                policy=args.policy,
+                anchor=args.anchor,
+                max_checkpoint_age_s=args.max_checkpoint_age,
+                allow_missing_checkpoint=args.allow_missing_checkpoint,
+                allow_stale_checkpoint=args.allow_stale_checkpoint,
+            )
+        if args.command == "keys":
+            from hetero.framework.cli.keys import run_keys_hash
+
+            return run_keys_hash(out, args.new)
         if args.command == "sandbox":
             if args.sandbox_command == "check":
                 return run_sandbox_check(out, args.policy, args.json)

@@ -416,6 +416,9 @@ class AuditConfig(_Frozen):
     hash: Literal["sha256", "sm3"] = "sha256"
     signing_key: Name = "~/.config/hetero/audit-signing.pem"
     checkpoint_every: PositiveInt = 100
+    checkpoint_interval_s: PositiveFloat = 5.0
+    max_checkpoint_age_s: PositiveFloat = 60.0
+    anchor: Name | None = None
 
 
 RuntimeName = Literal["kata", "gvisor", "containerd", "runc", "bwrap"]
@@ -439,15 +442,29 @@ class SandboxConfig(_Frozen):
 # --- server ----------------------------------------------------------------------------------
 
 
+ScryptHash = Annotated[
+    StrictStr, Field(pattern=r"^scrypt\$[0-9]+\$[0-9]+\$[0-9]+\$[A-Za-z0-9+/=]+\$[A-Za-z0-9+/=]+$")
+]
+"""``scrypt$<log2 N>$<r>$<p>$<salt, base64>$<digest, base64>``."""
+
+
 class ApiKeyConfig(_Frozen):
-    """One API key, stored as the sha256 hex of the key; the key itself never sits in the file."""
+    """One API key, never the key itself: ``hash`` is a salted scrypt hash (``hetero keys
+    hash``); ``sha256``, the unsalted hex digest older policies hold, is still accepted."""
 
     name: Name
-    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+    hash: ScryptHash | None = None
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
     roles: tuple[Name, ...] = ()
     attributes: Annotated[Mapping[StrictStr, StrictStr], AfterValidator(_freeze)] = pmap()
     max_qos_class: Name | None = None
     sla_tier: Name | None = None
+
+    @model_validator(mode="after")
+    def _one_hash(self) -> ApiKeyConfig:
+        if (self.hash is None) == (self.sha256 is None):
+            raise ValueError("give exactly one of hash (scrypt: hetero keys hash) or sha256")
+        return self
 
 
 class ServerLimits(_Frozen):

@@ -174,8 +174,10 @@ class Scheduler:
             name: QueueClass(weight=c.weight, bound=c.queue_bound)
             for name, c in spec.qos.classes.items()
         }
+        # Sorted: the policy's maps iterate in hash order, and dispatch breaks ties by this order.
         self.queues = {
-            name: StageQueue(name, classes, spec.qos.aging_per_second) for name in spec.stages
+            name: StageQueue(name, classes, spec.qos.aging_per_second)
+            for name in sorted(spec.stages)
         }
         self.weights = spec.scheduler.weights
         w = self.weights

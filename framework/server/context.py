@@ -20,9 +20,14 @@ def runtime_of(request: Request) -> Serving:
 async def caller_of(request: Request) -> Caller:
     """Who calls (401 for a missing or wrong key when the policy has keys). ``async`` so that
     FastAPI runs it on the event loop: a plain function would cost a thread-pool hop per
-    request (it only hashes a key and looks it up)."""
+    request (a remembered key is a lookup; only a new or wrong key goes to a thread for
+    scrypt)."""
     keyring = cast(KeyRing, request.app.state.keyring)
-    return keyring.caller(request.headers.get("authorization"), request.headers.get("x-hetero-qos"))
+    return await keyring.caller_async(
+        request.headers.get("authorization"),
+        request.headers.get("x-hetero-qos"),
+        request.client.host if request.client is not None else "",
+    )
 
 
 CallerDep = Annotated[Caller, Depends(caller_of)]

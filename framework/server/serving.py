@@ -296,6 +296,9 @@ class Serving:
             engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()
+        close_gate = getattr(self.gate, "close", None)
+        if close_gate is not None:  # the audit log's final checkpoint, after sandbox_stop
+            close_gate()
         if self.cache is not None:
             self.cache.close()
 

@@ -95,7 +95,7 @@ class _Simulation:
         self.metrics.deadlines = {
             q: spec.sla_tiers[c.sla_tier].deadline_ms / 1000.0 for q, c in spec.qos.classes.items()
         }
-        self.lowest_class = min(spec.qos.classes, key=lambda q: spec.qos.classes[q].weight)
+        self.lowest_class = min(sorted(spec.qos.classes), key=lambda q: spec.qos.classes[q].weight)
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}

@@ -428,25 +428,6 @@ def test_bad_cache_policy_values_name_line_and_key(
     assert caught.value.line is not None
 
 
-def test_tinylfu_keeps_a_hot_entry_through_a_scan_that_lru_would_flush() -> None:
-    from hetero.cache.memory_tier import MemoryTier
-
-    tiny = MemoryTier(max_bytes=10, expected_entries=100)
-    lru = MemoryTier(max_bytes=10, expected_entries=100, admission=False)
-    hot = key(b"hot").digest
-    for tier in (tiny, lru):
-        for _ in range(5):
-            tier.get(hot, 0.0)
-            tier.put(hot, "v", 1, 1e9)
-    for index in range(200):  # a scan of one-off content
-        cold = key(f"cold-{index}".encode()).digest
-        for tier in (tiny, lru):
-            tier.get(cold, 0.0)
-            tier.put(cold, "v", 1, 1e9)
-    assert tiny.get(hot, 0.0) == "v"
-    assert lru.get(hot, 0.0) is None  # the control: plain LRU lost it
-
-
 def test_a_failing_disk_is_bypassed_and_the_cache_goes_on(
     cache: FeatureCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:

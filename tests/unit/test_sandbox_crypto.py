@@ -147,6 +147,6 @@ def test_partition_store_keeps_objects_encrypted_and_in_place(
     )  # a file copied across partitions
     with pytest.raises(DecryptionError):
         docs.get("scan-1")
-    assert cards.rotate() == 1 and cards.get("scan-1").startswith(b"CANARY")
+    assert cards.rotate().current == ["scan-1"] and cards.get("scan-1").startswith(b"CANARY")
     with pytest.raises(Exception, match="bad object id"):
         cards.put("../escape", b"x")

@@ -1,0 +1,124 @@
+"""The memory tier's W-TinyLFU policy: scan resistance, recency, byte bound, expiry."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+from hetero.cache.memory_tier import EVICT_BATCH, FrequencySketch, MemoryTier
+
+
+def digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=32).digest()
+
+
+class Lru:
+    """The control: plain LRU over the same number of entries."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries: OrderedDict[bytes, str] = OrderedDict()
+        self.limit = entries
+
+    def get(self, key: bytes, now: float) -> str | None:
+        value = self.entries.get(key)
+        if value is not None:
+            self.entries.move_to_end(key)
+        return value
+
+    def put(self, key: bytes, value: str, size: int, expires_at: float) -> bool:
+        self.entries[key] = value
+        while len(self.entries) > self.limit:
+            self.entries.popitem(last=False)
+        return True
+
+
+def test_a_hot_entry_survives_a_scan_that_lru_flushes() -> None:
+    tier, lru = MemoryTier(max_bytes=10), Lru(10)
+    hot = digest("hot")
+    for policy in (tier, lru):
+        for _ in range(5):
+            if policy.get(hot, 0.0) is None:
+                policy.put(hot, "v", 1, 1e9)
+    for index in range(200):  # a scan of one-off content
+        cold = digest(f"cold-{index}")
+        for policy in (tier, lru):
+            if policy.get(cold, 0.0) is None:
+                policy.put(cold, "v", 1, 1e9)
+    assert tier.get(hot, 0.0) == "v"
+    assert lru.get(hot, 0.0) is None  # the control: plain LRU lost it
+    assert tier.rejections > 0
+
+
+def test_recent_content_asked_again_soon_is_kept_like_lru_keeps_it() -> None:
+    # Each key is asked for twice, 20 requests apart, never again: only recency helps. A pure
+    # frequency filter refuses the newcomers; the window grows until the second asks hit.
+    tier, lru = MemoryTier(max_bytes=100), Lru(100)
+    hits = {"tier": 0, "lru": 0}
+    stream = []
+    for block in range(400):
+        keys = [digest(f"r-{block}-{i}") for i in range(20)]
+        stream += keys + keys
+    for key in stream:
+        for name, policy in (("tier", tier), ("lru", lru)):
+            if policy.get(key, 0.0) is not None:
+                hits[name] += 1
+            else:
+                policy.put(key, "v", 1, 1e9)
+    assert hits["lru"] == len(stream) // 2  # the control: every second ask hits in LRU
+    assert hits["tier"] >= 0.9 * hits["lru"]
+    assert tier.window_max > 0.2 * tier.max_bytes  # the window grew from its 1 %
+
+
+def test_the_tier_stays_within_its_byte_budget_with_values_of_many_sizes() -> None:
+    tier = MemoryTier(max_bytes=10_000)
+    largest = 0
+    for index in range(5000):
+        size = 1 + (index * 7919) % 900
+        largest = max(largest, size)
+        key = digest(f"s-{index}")
+        if tier.get(key, 0.0) is None:
+            tier.put(key, index, size, 1e9)
+        if index % 3 == 0:
+            tier.get(digest(f"s-{index // 2}"), 0.0)
+        assert tier.size_bytes <= tier.max_bytes + EVICT_BATCH * largest
+    held = [
+        key for key in (digest(f"s-{i}") for i in range(5000)) if tier.get(key, 0.0) is not None
+    ]
+    assert 0 < len(held) == len(tier)
+    assert not tier.put(digest("too-large"), 0, 10_001, 1e9)
+
+
+def test_expired_entries_are_misses_and_leave() -> None:
+    tier = MemoryTier(max_bytes=100)
+    key = digest("ttl")
+    tier.put(key, "v", 10, expires_at=5.0)
+    assert tier.get(key, 4.0) == "v"
+    assert tier.get(key, 5.0) is None
+    assert len(tier) == 0 and tier.size_bytes == 0
+
+
+def test_delete_and_clear() -> None:
+    tier = MemoryTier(max_bytes=100)
+    keys = [digest(f"d-{i}") for i in range(5)]
+    for key in keys:
+        tier.put(key, "v", 10, 1e9)
+    tier.delete(keys[0])
+    assert tier.get(keys[0], 0.0) is None and tier.get(keys[1], 0.0) == "v"
+    tier.clear()
+    assert len(tier) == 0 and tier.size_bytes == 0 and tier.get(keys[1], 0.0) is None
+
+
+def test_the_sketch_counts_after_the_doorkeeper_and_halves() -> None:
+    sketch = FrequencySketch(64)
+    key_hash = hash(digest("k"))
+    slots = sketch.slots(key_hash)
+    assert sketch.frequency(key_hash, slots) == 0
+    sketch.increment(key_hash, slots)
+    assert sketch.frequency(key_hash, slots) == 1  # the doorkeeper alone
+    for _ in range(30):
+        sketch.increment(key_hash, slots)
+    assert sketch.frequency(key_hash, slots) == 16  # 15 in the counters (capped) + doorkeeper
+    other = hash(digest("other"))
+    for _ in range(sketch.sample):
+        sketch.increment(other, sketch.slots(other))
+    assert sketch.frequency(key_hash, slots) < 16  # aged: halved, doorkeeper cleared
