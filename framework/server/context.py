@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, cast
 
 from fastapi import Depends, Request
 
 from hetero.framework.server.auth import Caller, KeyRing
 from hetero.framework.server.serving import Serving
+from hetero.sandbox.access import Principal
 
 __all__ = ["CallerDep", "caller_of", "runtime_of"]
 
@@ -23,11 +25,13 @@ async def caller_of(request: Request) -> Caller:
     request (a remembered key is a lookup; only a new or wrong key goes to a thread for
     scrypt)."""
     keyring = cast(KeyRing, request.app.state.keyring)
-    return await keyring.caller_async(
-        request.headers.get("authorization"),
-        request.headers.get("x-hetero-qos"),
-        request.client.host if request.client is not None else "",
+    host = request.client.host if request.client is not None else ""
+    caller = await keyring.caller_async(
+        request.headers.get("authorization"), request.headers.get("x-hetero-qos"), host
     )
+    if caller.anonymous and host:  # each address its own fair share of the queues
+        caller = dataclasses.replace(caller, principal=Principal(f"anonymous@{host}"))
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(caller_of)]
