@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import itertools
 import logging
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -360,7 +361,17 @@ def batch_size(inputs: Arrays) -> int:
     return 1
 
 
+_LOCATOR = re.compile(r"^(Exception from )?\S+\.(cpp|cc|h|hpp):\d+:?$")
+DESCRIBE_LIMIT = 2000
+
+
 def _describe(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+    """The error's type and message on one line: every line of it, without the bare source
+    locators runtimes put first (OpenVINO's ``Exception from src/.../core.cpp:84:``, which
+    alone says nothing of the cause), at most 2,000 characters."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    causes = [line for line in lines if not _LOCATOR.match(line)] or lines
+    text = " | ".join(causes)
+    if len(text) > DESCRIBE_LIMIT:
+        text = text[: DESCRIBE_LIMIT - 3] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

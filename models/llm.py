@@ -11,6 +11,7 @@ native torch module, on whatever device the stage is placed on (the host CPU, ``
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -149,11 +150,28 @@ class TextGenerator(ModelStage):
         if not any(t["content"].strip() for t in turns):
             raise InvalidInputError("every message is empty")
         self.setup()
-        ids = self._tokenizer.apply_chat_template(
-            turns, tokenize=True, add_generation_prompt=True, return_dict=False
+        return self._template_ids(turns)
+
+    def _template_ids(self, turns: list[dict[str, str]]) -> list[int]:
+        """The chat template's tokens, with each message's text encoded as plain text: a
+        ``<|im_start|>`` a user types stays characters and never becomes a control token
+        (it would let them forge a system turn). The template is rendered with a random
+        marker in place of each text, its own parts encoded with special tokens, the texts
+        without."""
+        marker = f"@@{secrets.token_hex(8)}@@"
+        placeholders = [{**turn, "content": f"{marker}{i}{marker}"} for i, turn in enumerate(turns)]
+        rendered = self._tokenizer.apply_chat_template(
+            placeholders, tokenize=False, add_generation_prompt=True
         )
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
+        ids: list[int] = []
+        for index, piece in enumerate(str(rendered).split(marker)):
+            if index % 2:  # a message's text, by its number
+                text = turns[int(piece)]["content"]
+                ids += self._tokenizer.encode(
+                    text, add_special_tokens=False, split_special_tokens=True
+                )
+            elif piece:
+                ids += self._tokenizer.encode(piece, add_special_tokens=False)
         return [int(i) for i in ids]
 
     def _stream(

@@ -168,5 +168,5 @@ class NpuBackend(Backend):
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
         runtime: Runtime = model.native[0]
         loaded = model.native[1]
-        arrays = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
+        arrays = {name: np.asarray(value, order="C") for name, value in inputs.items()}
         return runtime.run(loaded, arrays)

@@ -67,6 +67,6 @@ class OrtExecutor:
     def run(session: Any, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         """Run once; outputs by name, fresh arrays the caller owns."""
         names = [output.name for output in session.get_outputs()]
-        feeds = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
+        feeds = {name: np.asarray(value, order="C") for name, value in inputs.items()}
         values = session.run(names, feeds)
         return {name: np.asarray(value) for name, value in zip(names, values, strict=True)}

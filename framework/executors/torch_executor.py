@@ -110,7 +110,7 @@ class TorchExecutor:
 
     def _tensors(self, inputs: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, Any]:
         return {
-            name: self._torch.as_tensor(np.ascontiguousarray(array)).to(
+            name: self._torch.as_tensor(np.asarray(array, order="C")).to(
                 self.device, non_blocking=True
             )
             for name, array in inputs.items()

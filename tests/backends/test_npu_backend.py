@@ -91,3 +91,42 @@ def test_host_facts_are_plausible() -> None:
     assert facts.memory_bandwidth_bytes_per_s > 1e8
     assert facts.peak_flops["fp32"] > 1e9
     assert facts.peak_flops["int8"] >= facts.peak_flops["fp32"]
+
+
+def _model(nodes: list[object], inputs: list[object], outputs: list[object], opset: int) -> bytes:
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs)  # type: ignore[arg-type]
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+@pytest.mark.parametrize("device", [OPENVINO_CPU, ORT_CPU])
+def test_scalar_inputs_keep_their_shape(backend: NpuBackend, device: str) -> None:
+    """A 0-d input stays 0-d (``np.ascontiguousarray`` made it shape (1,): ONNX Runtime then
+    answered a wrong shape silently and OpenVINO failed)."""
+    from onnx import TensorProto, helper
+
+    scalar = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("a", "b", "c")]
+    source = _model([helper.make_node("Mul", ["a", "b"], ["c"])], scalar[:2], scalar[2:], 17)
+    graph = ComputeGraph("scalar-mul", GraphFormat.ONNX, source, BandwidthHint(1, 4))
+    model = backend.load(backend.compile(graph, device))
+    result = backend.run(model, {"a": np.float32(2.0), "b": np.array(3.0, np.float32)})
+    assert result.outputs["c"].shape == () and float(result.outputs["c"]) == 6.0
+
+
+def test_openvino_errors_keep_their_cause(backend: NpuBackend) -> None:
+    """OpenVINO's first line is a bare source locator; the cause is on the lines after it."""
+    from onnx import TensorProto, helper
+
+    text = [helper.make_tensor_value_info(n, TensorProto.STRING, [1]) for n in ("x", "y")]
+    node = helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="LOWER")
+    graph = ComputeGraph(
+        "strings", GraphFormat.ONNX, _model([node], text[:1], text[1:], 10), BandwidthHint(1, 4)
+    )
+    with pytest.raises(CompileError) as caught:
+        backend.load(backend.compile(graph, OPENVINO_CPU))
+    message = str(caught.value)
+    assert "StringNormalizer" in message, message
+    assert "core.cpp" not in message
