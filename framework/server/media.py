@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 
 from hetero.framework.policy.schema import ServerLimits
 from hetero.framework.server.errors import APIError, invalid_input
@@ -56,7 +57,16 @@ def image_size(data: bytes, limits: ServerLimits, param: str) -> tuple[int, int]
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+    except Image.DecompressionBombError as err:  # Pillow's own ceiling, far above ours
+        found = re.search(r"\((\d+) pixels\)", str(err))
+        size = f"{int(found.group(1))} pixels" if found else "its size"
+        raise APIError(
+            400,
+            f"{param}: {size} is over the limit of {limits.max_image_pixels} pixels",
+            param=param,
+            code="image_too_large",
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError):
         raise invalid_input(
             f"{param}: not a decodable image (PNG, JPEG, WebP, ...)", param, "invalid_image"
         ) from None

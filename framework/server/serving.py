@@ -568,6 +568,7 @@ class Serving:
 
         await asyncio.sleep(0)  # let the submission happen now, so a full queue sheds here
         if task.done() and task.exception() is not None:
+            summary.cancel()  # the error is raised here: nobody will await the summary
             raise task.exception()  # type: ignore[misc]
         device = self.placed_on(stage.name)
         return stream(), summary, StageRun(stage.name, device, variant, False, reason)

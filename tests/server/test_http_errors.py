@@ -373,3 +373,25 @@ def test_fuzzed_bodies_never_5xx(client: httpx.Client, route_body: tuple[str, An
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that is only its header: enough for any decoder to read the size."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def test_a_huge_image_is_too_large_not_undecodable(client: httpx.Client) -> None:
+    image = base64.b64encode(_png_header(20_000, 20_000)).decode()
+    error = assert_error(client.post("/vision", json={"image_b64": image}), 400, "image_too_large")
+    assert "400000000 pixels" in error["message"] and error["param"] == "image_b64"
+    modest = base64.b64encode(_png_header(9_000, 9_000)).decode()  # over our limit only
+    error = assert_error(client.post("/vision", json={"image_b64": modest}), 400, "image_too_large")
+    assert "9000x9000" in error["message"]

@@ -121,3 +121,41 @@ def test_close_stops_a_running_generation_before_the_model_is_released() -> None
     engine.close()
     assert ended == [True]  # asked to stop, and it did, before close() returned
     assert future.done()
+
+
+def test_a_generation_refused_at_submission_leaves_no_unretrieved_future() -> None:
+    """A chat refused when it is queued (429) is raised to the route; its summary future must
+    not also be logged as "Future exception was never retrieved" (it was, once per 429)."""
+    import asyncio
+    import gc
+
+    from hetero.framework.errors import ShedError
+    from hetero.framework.server.auth import ANONYMOUS, Caller
+
+    runtime = Serving(_llm_policy(), stage_models={"llm_generate": FAKE_STAGES["llm_generate"]})
+    runtime.start()
+    unretrieved: list[dict[str, Any]] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ShedError("queue full", status=429, retry_after_s=2.0)
+
+    async def chat() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: unretrieved.append(ctx))
+        caller = Caller(ANONYMOUS, "standard", "silver", anonymous=True)
+        try:
+            await runtime.generate([{"role": "user", "content": "hi"}], caller=caller, max_tokens=4)
+        except ShedError:
+            pass
+        else:
+            raise AssertionError("the generation was not refused")
+        for _ in range(3):  # let the submission's callbacks run
+            await asyncio.sleep(0)
+        gc.collect()  # an unretrieved future reports itself when it is collected
+
+    try:
+        assert runtime.engine is not None
+        runtime.engine.submit_stage = refuse  # type: ignore[method-assign]
+        asyncio.run(chat())
+    finally:
+        runtime.close()
+    assert unretrieved == []
