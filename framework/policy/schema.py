@@ -476,6 +476,8 @@ class ServerLimits(_Frozen):
     max_input_tokens: PositiveInt = 2048
     max_output_tokens: PositiveInt = 512
     max_batch_inputs: PositiveInt = 256
+    header_timeout_s: PositiveFloat = 10.0  # a connection's request line and headers
+    body_timeout_s: PositiveFloat = 30.0  # a request's whole body, from its first byte
 
 
 class ServerConfig(_Frozen):
@@ -494,6 +496,8 @@ class ServerConfig(_Frozen):
     ] = pmap()
     threads_per_model: PositiveInt = 1
     peer_routes: StrictBool = False
+    allowed_hosts: tuple[Name, ...] = ()  # Host header names; () on loopback: loopback names
+    allowed_origins: tuple[Name, ...] = ()  # browser origins allowed to POST (e.g. a web UI)
     queue_bound: PositiveInt = 64
     degrade_queue_depth: PositiveInt = 16
     retry_after_s: PositiveFloat = 1.0

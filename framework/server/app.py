@@ -11,7 +11,7 @@ from hetero.framework.registry import Registry
 from hetero.framework.server import routes_modal, routes_openai, routes_ops
 from hetero.framework.server.auth import KeyRing
 from hetero.framework.server.errors import install_error_handlers
-from hetero.framework.server.middleware import BodyLimit, RequestMetrics
+from hetero.framework.server.middleware import BodyLimit, HostGuard, RequestMetrics
 from hetero.framework.server.openapi import describe_openapi
 from hetero.framework.server.routes_policy import add_policy_routes
 from hetero.framework.server.serving import Serving
@@ -52,6 +52,12 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
         app.include_router(peer_routes.router)
     add_policy_routes(app, spec.routes)  # last: a built-in path always wins
     describe_openapi(app, spec.server.limits)
-    app.add_middleware(BodyLimit, limit=spec.server.limits.max_body_bytes)
+    limits = spec.server.limits
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(
+        HostGuard,
+        allowed_hosts=spec.server.allowed_hosts,
+        allowed_origins=spec.server.allowed_origins,
+    )
     app.add_middleware(RequestMetrics, metrics=runtime.metrics)
     return app

@@ -1,7 +1,9 @@
-"""ASGI middleware: the body size limit (413 before or while reading) and request metrics."""
+"""ASGI middleware: who may address the server (Host and Origin checks), the body size and
+time limits (413 / 408 before or while reading), and request metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -10,15 +12,85 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hetero.framework.engine import Metrics
 from hetero.framework.server.errors import APIError, error_response
 
-__all__ = ["BodyLimit", "RequestMetrics"]
+__all__ = ["BodyLimit", "HostGuard", "RequestMetrics"]
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+class HostGuard:
+    """Refuse requests a browser was tricked into sending.
+
+    DNS rebinding: a page on ``evil.example`` that resolves to 127.0.0.1 reaches a loopback
+    server with ``Host: evil.example``; on a loopback socket only loopback names (and
+    ``allowed_hosts``) are served (421). Cross-site POSTs: a page may send a multipart form to
+    any address without asking first; a request whose ``Origin`` is neither the server's own
+    nor in ``allowed_origins`` is refused (403). API clients send no ``Origin``.
+    """
+
+    def __init__(
+        self, app: ASGIApp, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...]
+    ) -> None:
+        self.app = app
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+        self.allowed_origins = frozenset(o.lower().rstrip("/") for o in allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", ()))
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        name = _host_name(host)
+        local = scope.get("server") or ("", 0)
+        if self.allowed_hosts:
+            refused = name not in self.allowed_hosts
+        else:
+            refused = _is_loopback(str(local[0])) and name not in LOOPBACK_NAMES and bool(name)
+        if refused:
+            error = APIError(
+                421,
+                f"Host {host!r} is not served here (server.allowed_hosts)",
+                code="misdirected_request",
+            )
+            await error_response(error)(scope, receive, send)
+            return
+        origin = headers.get(b"origin", b"").decode("latin-1").lower().rstrip("/")
+        same = origin.split("://", 1)[-1] == host
+        if origin and not same and origin not in self.allowed_origins:
+            error = APIError(
+                403,
+                f"requests from the web page at {origin} are not allowed (server.allowed_origins)",
+                code="origin_not_allowed",
+            )
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """``host`` without its port (``[::1]:8000`` -> ``[::1]``)."""
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 class BodyLimit:
-    """Refuse bodies over ``limit`` bytes: at once by Content-Length, else while streaming."""
+    """Refuse bodies over ``limit`` bytes (413: at once by Content-Length, else while
+    streaming) or not received within ``timeout_s`` of the first read (408)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     def _error(self, size: str) -> APIError:
         return APIError(
@@ -37,10 +109,24 @@ class BodyLimit:
             await error_response(self._error(f"{int(length)} bytes"))(scope, receive, send)
             return
         seen = 0
+        deadline: float | None = None
+        complete = False
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, complete
+            if complete:  # after the body, receive() only waits for a disconnect
+                return await receive()
+            deadline = deadline or asyncio.get_running_loop().time() + self.timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise APIError(
+                    408,
+                    f"the request body did not arrive within {self.timeout_s:g} s",
+                    code="request_timeout",
+                ) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:

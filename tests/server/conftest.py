@@ -32,10 +32,12 @@ def free_port() -> int:
 class ServerThread:
     """uvicorn serving ``app`` in a thread on a free loopback port."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, http: Any = "auto") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", http=http
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.started_devices: dict[str, Any] = {}
@@ -58,17 +60,19 @@ class ServerThread:
         self.thread.join(30)
 
 
-def default_with_peer_routes() -> Policy:
+def default_with_peer_routes(limits: str = "") -> Policy:
     """The default policy, plus the peers harness's /embed and /vision routes, on this host's
     own devices (not the dummy plugin's fakes, which tests put on the path), with answers of at
-    most 32 tokens (the API fuzzer may ask for any number the limit allows)."""
+    most 32 tokens (the API fuzzer may ask for any number the limit allows) and ``limits``
+    (more ``server.limits`` keys, as YAML flow-mapping entries)."""
     from hetero.framework.policy import builtin_policy_text
 
     text = builtin_policy_text("default").replace(
         "  allow: [cpu, npu]\n", "  allow: [cpu, npu]\n  deny: [dummy]\n"
     )
     assert "deny: [dummy]" in text
-    server = "\nserver:\n  peer_routes: true\n  limits: {max_output_tokens: 32}\n"
+    extra = f", {limits}" if limits else ""
+    server = f"\nserver:\n  peer_routes: true\n  limits: {{max_output_tokens: 32{extra}}}\n"
     return load_policy_text(text + server, "default-peer-routes")
 
 

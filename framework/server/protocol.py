@@ -1,0 +1,57 @@
+"""The HTTP/1.1 connection protocol ``hetero serve`` runs: uvicorn's h11 protocol with a time
+limit on each request's line and headers.
+
+uvicorn closes idle keep-alive connections, but a client that sends a request's headers a
+byte at a time holds its connection (and the memory of its partial request) for as long as
+it likes; many such clients exhaust the server for everyone. Here a request's head must
+arrive within ``header_timeout_s`` of its first byte (or of the connection opening), else
+the connection is closed. Bodies have their own limit (``middleware.BodyLimit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["guarded_h11"]
+
+
+def guarded_h11(header_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing connections whose request head is too slow."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _head_due: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._expect_head()
+
+        def data_received(self, data: bytes) -> None:
+            if self._between_requests():
+                self._expect_head()
+            super().data_received(data)
+            if not self._between_requests() and self._head_due is not None:
+                self._head_due.cancel()  # a request's head arrived: the body has its own limit
+                self._head_due = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_due is not None:
+                self._head_due.cancel()
+                self._head_due = None
+            super().connection_lost(exc)
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _expect_head(self) -> None:
+            if self._head_due is None:
+                self._head_due = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._head_due = None
+            if self._between_requests() and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11Protocol

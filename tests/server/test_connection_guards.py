@@ -1,0 +1,75 @@
+"""What a client cannot do to the server by how it connects: hold connections open with a
+request trickled byte by byte, or reach a loopback server from a web page (DNS rebinding, a
+cross-site form). Each check carries its control: the same request done right is served."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import ServerThread, default_with_peer_routes
+from fakes import FAKE_STAGES
+
+from hetero.framework.server import Serving, create_app
+from hetero.framework.server.protocol import guarded_h11
+
+SAFETY_S = 30  # only if the server never answers: the test then fails, it never waits on time
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[ServerThread]:
+    policy = default_with_peer_routes("header_timeout_s: 0.5, body_timeout_s: 0.5")
+    runtime = Serving(policy, stage_models=FAKE_STAGES, cache_directory=tempfile.mkdtemp())
+    runtime.start()
+    limits = policy.spec.server.limits
+    with ServerThread(create_app(runtime), http=guarded_h11(limits.header_timeout_s)) as server:
+        yield server
+    runtime.close()
+
+
+def raw(server: ServerThread, data: bytes) -> bytes:
+    """Send ``data`` and read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=SAFETY_S) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
+
+
+def test_a_request_head_trickled_slowly_loses_its_connection(guarded: ServerThread) -> None:
+    assert raw(guarded, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ") == b""
+    served = raw(guarded, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    assert served.startswith(b"HTTP/1.1 200")
+
+
+def test_a_body_that_does_not_arrive_is_a_408(guarded: ServerThread) -> None:
+    head = (
+        b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: 40\r\n\r\n"
+    )
+    answer = raw(guarded, head + b'{"texts": ["a"')
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    body = b'{"texts": ["a"]}'
+    complete = head.replace(b"40", str(len(body)).encode()) + body
+    assert raw(guarded, complete).startswith(b"HTTP/1.1 200")
+
+
+def test_dns_rebinding_and_cross_site_posts_are_refused(guarded: ServerThread) -> None:
+    with httpx.Client(base_url=guarded.url, timeout=SAFETY_S) as http:
+        rebound = http.get("/health", headers={"Host": "evil.example:8000"})
+        assert rebound.status_code == 421
+        assert rebound.json()["error"]["code"] == "misdirected_request"
+        assert http.get("/health", headers={"Host": "localhost:8000"}).status_code == 200
+        form = {"file": ("a.wav", b"RIFF", "audio/wav")}
+        cross = http.post(
+            "/v1/speech/transcribe", files=form, headers={"Origin": "https://evil.example"}
+        )
+        assert cross.status_code == 403
+        assert cross.json()["error"]["code"] == "origin_not_allowed"
+        own = http.post("/embed", json={"texts": ["a"]}, headers={"Origin": guarded.url})
+        assert own.status_code == 200
+        assert http.post("/embed", json={"texts": ["a"]}).status_code == 200  # API clients
