@@ -41,6 +41,8 @@ routes:
   /v1/embeddings: text_embed
 circuit_breaker:
   device: {window: 6, min_calls: 3, error_rate: 0.5, open_s: 600}
+scheduler:
+  measured_smoothing: 0.001  # the dummies stay preferred however slow a loaded CPU runs them
 """
     + QOS
 )
