@@ -191,6 +191,7 @@ class Engine:
         self._requests: dict[str, RequestState] = {}
         self._running: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
         self._running_items: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
+        self._running_units: dict[str, float] = dict.fromkeys(policy.spec.stages, 0.0)
         self._shares = Shares()
         self.models = {d.id: DeviceModels(self.backends[d.backend], d) for d in self.fleet.devices}
         self._lanes: dict[tuple[str, str], Lane] = {}
@@ -321,7 +322,20 @@ class Engine:
             if device_id != best:
                 self.models[device_id].evict(key)
         self._preload(stage, best)
+        if self.probe and best not in timings and self.models[best].resident(key):
+            self._seed_pace(stage, best)
         return best
+
+    def _seed_pace(self, stage: str, device_id: str) -> None:
+        """Time the probe on the one device a stage has, so admission knows its pace before
+        the first request (a burst arriving at once is judged, not admitted blind)."""
+        probe = self.plugins[stage].probe_payload()
+        if probe is None:
+            return
+        try:
+            self.status[stage].timings[device_id] = self._time(stage, device_id, probe)
+        except Exception as err:  # the first request will measure it instead
+            logger.warning("stage %s: timing on %s failed: %s", stage, device_id, err)
 
     def _set_hints(self, stage: str) -> None:
         """Cost ``stage`` by its plugin's graphs (the one source of its numbers), and
@@ -540,13 +554,16 @@ class Engine:
             )
 
     def _queue_delay_s(self, stage: str) -> float:
-        """How long a new task of ``stage`` waits: the items queued and running, at the
-        measured pace per item (lock held)."""
+        """How long a new task of ``stage`` waits: the work queued and running, at the
+        measured pace, by items and by complexity units, whichever says longer (generations
+        of 4 and of 400 tokens are one item each; units tell them apart) (lock held)."""
         status = self.status.get(stage)
         if status is None:
             return 0.0
-        waiting = self.scheduler.queued_items(stage) + self._running_items.get(stage, 0)
-        return waiting * status.pace("full").item_s
+        pace = status.pace("full")
+        items = self.scheduler.queued_items(stage) + self._running_items.get(stage, 0)
+        units = self.scheduler.queued_units(stage) + self._running_units.get(stage, 0.0)
+        return max(items * pace.item_s, units * pace.unit_s)
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""
@@ -786,6 +803,7 @@ class Engine:
                 if isinstance(outcome, Dispatch):
                     self._running[outcome.task.stage] += 1
                     self._running_items[outcome.task.stage] += outcome.task.items
+                    self._running_units[outcome.task.stage] += outcome.task.units
         for outcome in outcomes:
             if isinstance(outcome, Rejection):
                 self._fail(outcome.task.request_id, outcome.error)
@@ -868,6 +886,7 @@ class Engine:
         with self._lock:
             self._running[task.stage] = max(0, self._running[task.stage] - 1)
             self._running_items[task.stage] = max(0, self._running_items[task.stage] - task.items)
+            self._running_units[task.stage] = max(0.0, self._running_units[task.stage] - task.units)
         if outcome.skipped:
             with self._lock:
                 self.scheduler.completed(dispatch, ok=True, run_s=0.0, judge=False)

@@ -52,6 +52,7 @@ class StageQueue:
         self._counts = dict.fromkeys(self._classes, 0)
         self._live = 0
         self.items = 0  # items of the live tasks: the work waiting, for admission's estimate
+        self.units = 0.0  # their complexity units (admission's other measure of that work)
         self._sequence = itertools.count()
 
     def __len__(self) -> int:
@@ -78,6 +79,7 @@ class StageQueue:
         self._counts[task.qos_class] += 1
         self._live += 1
         self.items += task.items
+        self.units += task.units
 
     def _drop_cancelled(self) -> None:
         while self._heap and self._heap[0][3].cancelled:
@@ -98,6 +100,7 @@ class StageQueue:
         self._counts[task.qos_class] -= 1
         self._live -= 1
         self.items -= task.items
+        self.units -= task.units
         return task
 
     def cancel(self, task: StageTask) -> None:
@@ -107,6 +110,7 @@ class StageQueue:
             self._counts[task.qos_class] -= 1
             self._live -= 1
             self.items -= task.items
+            self.units -= task.units
             task.queued = False
         task.cancelled = True
 

@@ -281,6 +281,10 @@ class Scheduler:
         """Items of the tasks of ``stage`` waiting in its queue."""
         return self.queues[stage].items
 
+    def queued_units(self, stage: str) -> float:
+        """Complexity units of the tasks of ``stage`` waiting in its queue."""
+        return max(0.0, self.queues[stage].units)
+
     # --- queues ------------------------------------------------------------------------------
 
     def enqueue(self, task: StageTask) -> None:

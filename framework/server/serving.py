@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ import numpy as np
 
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
-from hetero.framework.engine import AccessGate, Engine, Metrics, StageStatus
+from hetero.framework.engine import AccessGate, Engine, EngineResult, Metrics, StageStatus
 from hetero.framework.engine.heap import release_free_memory
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
@@ -373,10 +374,23 @@ class Serving:
         variant: str,
         caller: Caller,
         request_id: str | None,
-        on_cancel: Callable[[], None] | None = None,
     ) -> tuple[Any, str]:
+        future = self._enqueue(engine, stage, payload, variant, caller, request_id)
+        return await self._outcome(stage, future)
+
+    def _enqueue(
+        self,
+        engine: Engine,
+        stage: ServedStage,
+        payload: Any,
+        variant: str,
+        caller: Caller,
+        request_id: str | None,
+    ) -> Future[EngineResult]:
+        """Queue one payload in the engine now, right after its admission (no await between
+        them: what admission counted is what is queued)."""
         try:
-            future = engine.submit_stage(
+            return engine.submit_stage(
                 stage.name,
                 payload,
                 qos_class=caller.qos_class,
@@ -386,6 +400,14 @@ class Serving:
             )
         except PermissionError as err:
             raise APIError(403, f"stage {stage.name!r}: {err}", code="access_denied") from err
+
+    async def _outcome(
+        self,
+        stage: ServedStage,
+        future: Future[EngineResult],
+        on_cancel: Callable[[], None] | None = None,
+    ) -> tuple[Any, str]:
+        """The engine's answer for ``stage``: (value, device); cancelling cancels the request."""
         try:
             result = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -531,9 +553,8 @@ class Serving:
         job = Generation(list(messages), max_tokens, temperature, seed, on_piece)
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
-        task = asyncio.ensure_future(
-            self._submit(engine, stage, job, variant, caller, request_id, on_cancel=job.stop.set)
-        )
+        queued = self._enqueue(engine, stage, job, variant, caller, request_id)  # may shed
+        task = asyncio.ensure_future(self._outcome(stage, queued, on_cancel=job.stop.set))
 
         def finished(done: asyncio.Future[tuple[Any, str]]) -> None:
             pieces.put_nowait(None)
@@ -566,10 +587,6 @@ class Serving:
                     job.stop.set()
                     task.cancel()
 
-        await asyncio.sleep(0)  # let the submission happen now, so a full queue sheds here
-        if task.done() and task.exception() is not None:
-            summary.cancel()  # the error is raised here: nobody will await the summary
-            raise task.exception()  # type: ignore[misc]
         device = self.placed_on(stage.name)
         return stream(), summary, StageRun(stage.name, device, variant, False, reason)
 

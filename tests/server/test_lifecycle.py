@@ -159,3 +159,40 @@ def test_a_generation_refused_at_submission_leaves_no_unretrieved_future() -> No
     finally:
         runtime.close()
     assert unretrieved == []
+
+
+def test_a_burst_of_generations_is_admitted_while_it_can_meet_its_deadline() -> None:
+    """16 chats at once on a one-at-a-time LLM, each measured at 5 s, 60 s deadline: the
+    engine admits the 12 that can finish in time behind the queue and sheds the other 4 at
+    once, with the Retry-After that says when one would fit (it used to queue all 16)."""
+    from hetero.framework.errors import ShedError
+    from hetero.framework.request_profile import RequestProfile
+
+    release = threading.Event()
+
+    class HeldLlm(FAKE_STAGES["llm_generate"]):  # type: ignore[misc, valid-type]
+        def one(self, variant: str, payload: Any) -> Any:
+            release.wait(60)  # nothing finishes while the burst arrives
+            return {"text": "", "completion_tokens": 0, "finish_reason": "stop", "stopped": False}
+
+    engine = Engine(_llm_policy(), Registry(), plugins={"llm_generate": HeldLlm()}, probe=False)
+    engine.start()
+    try:
+        engine.warm_up()
+        pace = engine.status["llm_generate"].pace("full")
+        pace.item_s, pace.unit_s = 5.0, 25.0  # 5 s a generation; 100 tokens (0.1 unit) 2.5 s
+        admitted, refused = [], []
+        for _ in range(16):
+            try:
+                engine.admit("llm_generate", None, RequestProfile(text_tokens=100))
+            except ShedError as err:
+                refused.append(err)
+                continue
+            admitted.append(engine.submit_stage("llm_generate", Generation([], max_tokens=64)))
+        # the n-th waits for n generations of 5 s, then runs 2.5 s: n <= 11 fit in 60 s
+        assert (len(admitted), len(refused)) == (12, 4)
+        assert all(err.status == 429 and "deadline" in str(err) for err in refused)
+        assert [err.retry_after_s for err in refused] == [2.5] * 4  # 12 x 5 + 2.5 - 60
+    finally:
+        release.set()
+        engine.close()
