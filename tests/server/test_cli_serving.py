@@ -56,3 +56,18 @@ def test_user_mistakes_exit_2_with_one_clear_line(tmp_path: Path) -> None:
     assert served.returncode == 2
     assert "bad.yaml:" in served.stderr and "max_batch" in served.stderr
     assert "Traceback" not in served.stderr
+
+
+def test_a_busy_port_is_a_usage_error_before_anything_says_listening(tmp_path: Path) -> None:
+    import socket
+
+    policy = tmp_path / "embed.yaml"
+    policy.write_text(EMBED_ONLY)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        served = hetero("serve", "--policy", str(policy), "--port", port)
+    assert served.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in served.stderr
+    assert "listening on" not in served.stderr and "Traceback" not in served.stderr
