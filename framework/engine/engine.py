@@ -562,12 +562,12 @@ class Engine:
 
     def _queue_delay_s(self, stage: str) -> float:
         """How long a new task of ``stage`` waits: the items queued and running, at the
-        measured pace per item (lock held)."""
+        measured pace per item, over the runs a device takes at once (lock held)."""
         status = self.status.get(stage)
         if status is None:
             return 0.0
         waiting = self.scheduler.queued_items(stage) + self._running_items.get(stage, 0)
-        return waiting * status.pace("full").item_s
+        return waiting * status.pace("full").item_s / self.scheduler.run_slots(stage)
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""

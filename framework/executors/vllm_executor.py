@@ -110,6 +110,14 @@ def _stat_logger_factory(stats: StepStats) -> Any:
     return HeteroStepLogger
 
 
+async def _cancel_pending() -> None:
+    """Cancel and await every other task on the running loop."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class VllmEngine:
     """A vLLM ``AsyncLLM`` on a private event loop; :meth:`generate` is thread-safe and
     blocks its caller only (a :class:`~hetero.framework.text_engine.TextEngine`)."""
@@ -232,6 +240,7 @@ class VllmEngine:
         if engine is not None:
             try:
                 engine.shutdown()
+                self._call(_cancel_pending(), START_TIMEOUT_S)  # its output handler's tasks
             except Exception:
                 logger.exception("vllm: shutting the engine down failed")
         self._stop_loop()

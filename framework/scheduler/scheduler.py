@@ -86,7 +86,7 @@ class _Tables:
     load_now: np.ndarray  # load time if placed there now: 0 where resident
     next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
     limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
-    share: np.ndarray  # of a task's estimate that queues behind it: 1 / run slots
+    slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
     resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
 
     @classmethod
@@ -99,14 +99,14 @@ class _Tables:
             load_now=costs.load_s.copy(),
             next_compute=costs.marginal_s[:, 0].copy(),
             limit=np.full(count, costs.hint.max_batch, np.int64),
-            share=np.ones(count),
+            slots=np.ones(count, np.int64),
             resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
         )
 
     def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
         """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
         self.limit[index] = self.costs.hint.max_batch * slots
-        self.share[index] = 1.0 / slots
+        self.slots[index] = slots
         if resident_bytes is not None:
             self.resident_bytes[index] = resident_bytes
 
@@ -307,6 +307,13 @@ class Scheduler:
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
         return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
 
+    def run_slots(self, stage: str) -> int:
+        """The most tasks of ``stage`` one healthy device runs at once (1 unless a device's
+        runtime batches continuously): a queue of the stage drains that much faster."""
+        tables = self.tables[f"{stage}/full"]
+        runnable = tables.costs.runnable & self.healthy
+        return int(tables.slots[runnable].max()) if runnable.any() else 1
+
     def queued(self, stage: str) -> int:
         """Tasks of ``stage`` waiting in its queue."""
         return len(self.queues[stage])
@@ -456,7 +463,7 @@ class Scheduler:
         tables.pending[index] += 1
         tables.refresh(index)
         self.in_flight[index] += 1
-        queued_behind = estimate * float(tables.share[index])
+        queued_behind = estimate / float(tables.slots[index])
         self.backlog[index] += queued_behind
         decision = PlacementDecision(
             task_id=task.id,
