@@ -11,10 +11,10 @@ build engines (``hetero.framework.executors.vllm_executor``); plugins see this p
 
 from __future__ import annotations
 
+import abc
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 __all__ = ["GenerationOutcome", "SamplingSpec", "TextEngine"]
 
@@ -66,10 +66,13 @@ class GenerationOutcome:
     cached_prompt_tokens: int = 0
 
 
-@runtime_checkable
-class TextEngine(Protocol):
-    """A generation engine loaded on one device; thread-safe, many generations at once."""
+class TextEngine(abc.ABC):
+    """A generation engine loaded on one device; thread-safe, many generations at once.
 
+    A base class, not a structural protocol: a plugin tells an engine from a torch module by
+    it, and a transformers model has a ``generate`` method of its own."""
+
+    @abc.abstractmethod
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -79,4 +82,3 @@ class TextEngine(Protocol):
     ) -> GenerationOutcome:
         """Generate for one prompt, calling ``on_text`` with each new piece of text (on the
         calling thread) until it finishes or ``stop`` is set; blocks until then."""
-        ...

@@ -135,6 +135,7 @@ class TextGenerator(ModelStage):
             temperature=job.temperature,
             seed=job.seed,
             repetition_penalty=REPETITION_PENALTY,
+            stop=tuple(job.stop_sequences),
             stop_token_ids=tuple(sorted(self._stop_ids)),
         )
         outcome = engine.generate(prompt, sampling, job.on_piece, job.stop)
@@ -151,23 +152,32 @@ class TextGenerator(ModelStage):
         stream = self._stream(
             runner, job.messages, variant, job.max_tokens, job.temperature, job.seed
         )
-        stopped = False
+        scan = StopScan(job.stop_sequences)
+        stopped = hit = False
         try:
             for piece in stream:
                 if job.stop.is_set():
                     stopped = True
                     break
-                pieces.append(piece)
-                job.on_piece(piece)
+                ready, hit = scan.feed(piece)
+                if ready:
+                    pieces.append(ready)
+                    job.on_piece(ready)
+                if hit:
+                    break
         finally:
             stream.close()
+        rest = "" if hit or stopped else scan.rest()
+        if rest:
+            pieces.append(rest)
+            job.on_piece(rest)
         text = "".join(pieces)
         tokens = self.count_tokens(text) if text else 0
         limit = min(job.max_tokens, LIGHT_MAX_TOKENS) if variant == "light" else job.max_tokens
         return {
             "text": text,
             "completion_tokens": tokens,
-            "finish_reason": "length" if tokens >= limit else "stop",
+            "finish_reason": "length" if tokens >= limit and not hit else "stop",
             "stopped": stopped,
         }
 
@@ -334,6 +344,31 @@ def _vllm_graph(stage: str, model_dir: Path, max_tokens: str) -> ComputeGraph:
             ("max_model_len", "2048"),
         ),
     )
+
+
+class StopScan:
+    """Stop sequences over streamed text: text is let out only once no stop sequence can
+    still begin in it (the longest one's length less one is held back), and a stop sequence
+    ends the text just before it, as vLLM's ``stop`` does."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Take a piece; returns (text ready to send, whether a stop sequence was met)."""
+        self.text += piece
+        found = [i for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        end = min(found) if found else max(self.sent, len(self.text) - self.hold)
+        ready, self.sent = self.text[self.sent : end], end
+        return ready, bool(found)
+
+    def rest(self) -> str:
+        """What is still held back, once the text ends without a stop sequence."""
+        ready, self.sent = self.text[self.sent :], len(self.text)
+        return ready
 
 
 def _gguf_dir() -> Path:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hetero.framework.text_engine import GenerationOutcome, SamplingSpec
+from hetero.framework.text_engine import GenerationOutcome, SamplingSpec, TextEngine
 
 __all__ = ["EngineSettings", "StepStats", "VllmEngine"]
 
@@ -118,9 +118,9 @@ async def _cancel_pending() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class VllmEngine:
+class VllmEngine(TextEngine):
     """A vLLM ``AsyncLLM`` on a private event loop; :meth:`generate` is thread-safe and
-    blocks its caller only (a :class:`~hetero.framework.text_engine.TextEngine`)."""
+    blocks its caller only."""
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

