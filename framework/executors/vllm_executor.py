@@ -198,31 +198,34 @@ class VllmEngine(TextEngine):
         pieces: list[str] = []
         tokens: list[int] = []
         finish, cached = "abort", 0
-        aborted = False
-        while True:
-            try:
-                kind, value = outputs.get(timeout=STOP_POLL_S)
-            except queue.Empty:
+        aborted = ended = False
+        try:
+            while True:
+                try:
+                    kind, value = outputs.get(timeout=STOP_POLL_S)
+                except queue.Empty:
+                    kind, value = "wait", None
+                if kind == "end":
+                    ended = True
+                    break
+                if kind == "error":
+                    ended = True
+                    raise value
+                if kind == "output":
+                    cached = int(value.num_cached_tokens or 0)
+                    for completion in value.outputs:
+                        tokens.extend(completion.token_ids)
+                        if completion.text and not aborted:
+                            pieces.append(completion.text)
+                            on_text(completion.text)
+                        if completion.finish_reason is not None:
+                            finish = str(completion.finish_reason)
                 if stop.is_set() and not aborted:
-                    aborted = True
-                    self._call(self._engine.abort(request_id))
-                continue
-            if kind == "end":
-                break
-            if kind == "error":
-                raise value
-            cached = int(value.num_cached_tokens or 0)
-            for completion in value.outputs:
-                tokens.extend(completion.token_ids)
-                if completion.text:
-                    pieces.append(completion.text)
-                    if not aborted:
-                        on_text(completion.text)
-                if completion.finish_reason is not None:
-                    finish = str(completion.finish_reason)
-            if stop.is_set() and not aborted:
-                aborted = True
-                self._call(self._engine.abort(request_id))
+                    aborted = True  # vLLM ends the request with a final output: "end" follows
+                    self._abort(request_id)
+        finally:
+            if not ended and not aborted:  # on_text raised: vLLM must not go on for nobody
+                self._abort(request_id)
         future.result()
         if tokens and finish == "stop" and tokens[-1] in sampling.stop_token_ids:
             tokens.pop()  # the end-of-turn token ends the answer, it is not part of it
@@ -233,6 +236,12 @@ class VllmEngine(TextEngine):
             finish_reason="abort" if aborted else finish,
             cached_prompt_tokens=cached,
         )
+
+    def _abort(self, request_id: str) -> None:
+        try:
+            self._call(self._engine.abort(request_id), START_TIMEOUT_S)
+        except Exception:
+            logger.exception("vllm: aborting %s failed", request_id)
 
     def close(self) -> None:
         """Shut the engine (and its engine-core process) down, then the loop."""

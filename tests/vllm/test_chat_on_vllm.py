@@ -129,6 +129,27 @@ def test_chat_with_an_image(http: httpx.Client) -> None:
     assert {"vision_encode", "ocr"} <= set(devices)  # the image went through its stages
 
 
+def test_a_generation_stopped_midway_is_aborted_in_the_engine(vllm_server: Any) -> None:
+    engine = vllm_server.runtime.engine
+    assert engine is not None
+    story = [{"role": "user", "content": "Write a long story about a dragon."}]
+    job = Generation(story, max_tokens=64)
+    seen: list[str] = []
+
+    def leave_after_two(piece: str) -> None:  # a client that went away
+        seen.append(piece)
+        if len(seen) == 2:
+            job.stop.set()
+
+    job.on_piece = leave_after_two
+    result = engine.submit_stage("llm_generate", job).result(timeout=300)
+    output = result.outputs["llm_generate"]
+    assert output["stopped"] is True
+    assert output["text"] == "".join(seen)
+    assert len(seen) == 2  # nothing was passed on after the stop
+    assert output["completion_tokens"] < 64
+
+
 def test_a_repeated_long_prefix_is_served_from_the_prefix_cache(
     vllm_server: Any,
 ) -> None:
