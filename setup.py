@@ -15,6 +15,7 @@ FOLDERS = (
     "backends/rocm",
     "backends/npu",
     "backends/sim",
+    "backends/vllm",
     "cache",
     "sandbox",
     "policies",

@@ -255,6 +255,14 @@ class Backend(abc.ABC):
         stage only on devices that accept every graph it has."""
         return graph_format in self.graph_formats
 
+    def run_slots(self, device_id: str, graph_format: GraphFormat) -> int:
+        """How many runs of a ``graph_format`` graph ``device_id`` takes at once. 1, the
+        default, runs them one after another; an engine with continuous batching (vLLM) takes
+        as many generations as it schedules together. The engine's lane for a stage on that
+        device runs up to this many plugin calls at the same time, and the scheduler lets
+        that many batches be outstanding there."""
+        return 1
+
     def native(self, model: LoadedModel) -> Any:
         """The runtime's own object for a loaded graph (an ONNX Runtime session, an OpenVINO
         compiled model, a torch module on its device): the device-native handle a stage asks

@@ -13,6 +13,10 @@
                                ``builtin:sim/mixed-fleet``).
 ``HETERO_MODEL_CACHE``         Where the built-in models keep derived files (exported ONNX,
                                converted weights); default ``~/.cache/hetero/models``.
+``HETERO_VLLM_MAX_NUM_SEQS``   Sequences a vLLM engine schedules together (its continuous
+                               batch, and the device's run slots); default 8.
+``HETERO_VLLM_KV_CACHE_MB``    Memory a vLLM engine gives its KV cache, in MiB; default
+                               512. It counts in the model's resident memory.
 =============================  ==========================================================
 """
 
@@ -28,6 +32,8 @@ __all__ = [
     "model_cache",
     "plugin_allow_list",
     "sim_policy",
+    "vllm_kv_cache_bytes",
+    "vllm_max_num_seqs",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -74,3 +80,26 @@ def model_cache() -> Path:
     """``HETERO_MODEL_CACHE``, or ``~/.cache/hetero/models`` when unset (user expanded)."""
     raw = os.environ.get("HETERO_MODEL_CACHE", "").strip()
     return Path(raw or "~/.cache/hetero/models").expanduser()
+
+
+def _positive_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise EnvError(f"{name}: expected a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise EnvError(f"{name}: expected a positive integer, got {raw!r}")
+    return value
+
+
+def vllm_max_num_seqs() -> int:
+    """``HETERO_VLLM_MAX_NUM_SEQS``: sequences one vLLM engine runs together (default 8)."""
+    return _positive_int("HETERO_VLLM_MAX_NUM_SEQS", 8)
+
+
+def vllm_kv_cache_bytes() -> int:
+    """``HETERO_VLLM_KV_CACHE_MB`` in bytes: one vLLM engine's KV cache (default 512 MiB)."""
+    return _positive_int("HETERO_VLLM_KV_CACHE_MB", 512) * 2**20

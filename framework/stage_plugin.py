@@ -66,7 +66,8 @@ class GraphRunner(Protocol):
 @dataclass(eq=False)
 class Generation:
     """A streamed LLM request: ``on_piece`` gets each piece of text as it is made (from the
-    device's worker thread); setting ``stop`` ends generation early (a client that left)."""
+    device's worker thread); setting ``stop`` ends generation early (a client that left).
+    ``stop_sequences`` end it where one first appears; the text stops before it."""
 
     messages: Sequence[Mapping[str, str]]
     max_tokens: int
@@ -74,6 +75,7 @@ class Generation:
     seed: int | None = None
     on_piece: Callable[[str], None] = lambda piece: None
     stop: threading.Event = field(default_factory=threading.Event)
+    stop_sequences: tuple[str, ...] = ()
 
 
 class StagePlugin(abc.ABC):

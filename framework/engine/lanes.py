@@ -5,6 +5,11 @@ A lane receives the scheduler's dispatches for its stage on its device, carries 
 memory manager's evictions, batches what is queued (per variant, up to the scheduler's batch
 size and delay), makes the stage's graphs resident if they are not, and runs the batch through
 the stage plugin with that device's runner. Nothing a plugin raises kills the thread.
+
+A device whose runtime takes several runs at once (``Backend.run_slots``: a vLLM engine with
+continuous batching) gets a lane with as many slots: each batch then runs on a slot thread of
+its own while the lane goes on receiving, so a generation that arrives joins the ones already
+running instead of waiting for them to end.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,10 +156,15 @@ class Lane:
         batching_for: Callable[[str], tuple[int, float]],
         report: Callable[[list[BatchOutcome]], None],
         nice: int = 0,
+        slots: int = 1,
     ) -> None:
+        if slots < 1:
+            raise ValueError(f"a lane needs at least one slot, got {slots}")
         self.stage = stage
         self.nice = nice
-        self.running: list[Any] = []  # payloads of the batch being run, for stop()
+        self.slots = slots
+        self.running: dict[int, Any] = {}  # payloads of the batches being run, by id, for stop()
+        self._running_lock = threading.Lock()
         self.plugin = plugin
         self.graph_format = graph_format
         self.models = models
@@ -164,6 +175,11 @@ class Lane:
         self._report = report
         self.inbox: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
         self._batchers: dict[str, Batcher[Dispatch]] = {}
+        self._pool = (
+            ThreadPoolExecutor(slots, thread_name_prefix=f"hetero-{stage}@{self.device.id}")
+            if slots > 1
+            else None
+        )
         self._thread = threading.Thread(
             target=self._loop, name=f"hetero-{stage}@{self.device.id}", daemon=True
         )
@@ -173,7 +189,9 @@ class Lane:
         """Finish what is queued, ask a running stream to stop (its ``stop`` event), then end
         the thread."""
         self.inbox.put(None)
-        for payload in list(self.running):
+        with self._running_lock:
+            running = list(self.running.values())
+        for payload in running:
             stop = getattr(payload, "stop", None)
             if isinstance(stop, threading.Event):
                 stop.set()
@@ -200,14 +218,20 @@ class Lane:
                 batch = batcher.take(now)
                 if not batch:
                     continue
-                try:
-                    outcomes = self._execute(batch)
-                except Exception as err:  # a bug here must fail the batch, not the thread
-                    logger.exception(
-                        "%s: batch of %s failed unexpectedly", self.device.id, self.stage
-                    )
-                    outcomes = [BatchOutcome(d, None, err, 0.0, _items(batch), now) for d in batch]
-                self._report(outcomes)
+                if self._pool is None:
+                    self._run_batch(batch, now)
+                else:  # the scheduler keeps at most `slots` batches outstanding here
+                    self._pool.submit(self._run_batch, batch, now)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _run_batch(self, batch: list[Dispatch], now: float) -> None:
+        try:
+            outcomes = self._execute(batch)
+        except Exception as err:  # a bug here must fail the batch, not the thread
+            logger.exception("%s: batch of %s failed unexpectedly", self.device.id, self.stage)
+            outcomes = [BatchOutcome(d, None, err, 0.0, _items(batch), now) for d in batch]
+        self._report(outcomes)
 
     def _receive(self, timeout: float) -> bool:
         """Take what arrived (waiting up to ``timeout`` for the first); False once told to stop."""
@@ -260,9 +284,11 @@ class Lane:
             return outcomes + [BatchOutcome(d, None, err, 0.0, size, started) for d, _ in live]
         size = _items(d for d, _ in live)
         began = time.perf_counter()
-        self.running = [payload for _, payload in live]
+        payloads = [payload for _, payload in live]
+        with self._running_lock:
+            self.running.update((id(p), p) for p in payloads)
         try:
-            results = self.plugin.run(runner, variant, self.running)
+            results = self.plugin.run(runner, variant, payloads)
             if len(results) != len(live):
                 raise RuntimeError(
                     f"stage {self.stage}: run() gave {len(results)} results for {len(live)} items"
@@ -270,6 +296,10 @@ class Lane:
         except Exception as err:
             run_s = time.perf_counter() - began
             return outcomes + [BatchOutcome(d, None, err, run_s, size, started) for d, _ in live]
+        finally:
+            with self._running_lock:
+                for payload in payloads:
+                    self.running.pop(id(payload), None)
         run_s = time.perf_counter() - began
         for (dispatch, _), result in zip(live, results, strict=True):
             if isinstance(result, BaseException):  # the item was bad, not the device

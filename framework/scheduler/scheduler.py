@@ -64,6 +64,7 @@ class Dispatch:
     load: LoadPlan
     decision: PlacementDecision
     estimate_s: float
+    backlog_s: float = 0.0  # what it added to its device's backlog (estimate / run slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ class _Tables:
     resident: np.ndarray
     load_now: np.ndarray  # load time if placed there now: 0 where resident
     next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
+    limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
+    slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
+    resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
 
     @classmethod
     def fresh(cls, costs: StageCosts, count: int) -> _Tables:
@@ -94,7 +98,17 @@ class _Tables:
             resident=np.zeros(count, bool),
             load_now=costs.load_s.copy(),
             next_compute=costs.marginal_s[:, 0].copy(),
+            limit=np.full(count, costs.hint.max_batch, np.int64),
+            slots=np.ones(count, np.int64),
+            resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
         )
+
+    def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
+        """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
+        self.limit[index] = self.costs.hint.max_batch * slots
+        self.slots[index] = slots
+        if resident_bytes is not None:
+            self.resident_bytes[index] = resident_bytes
 
     def refresh(self, index: int) -> None:
         """Recompute one device's entries after its pending count, correction or residency moved."""
@@ -161,6 +175,7 @@ class Scheduler:
         count = len(self.devices)
         self._can_run = can_run
         self.tables: dict[str, _Tables] = {}
+        self._fits: dict[tuple[str, int], tuple[int, int | None]] = {}
         for name, stage in spec.stages.items():
             for variant_name, variant in stage.variants.items():
                 # No figures in the policy: the stage plugin's hint arrives with set_hint();
@@ -232,9 +247,28 @@ class Scheduler:
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
         for index in range(len(self.devices)):
+            fit = self._fits.get((stage, index))
+            if fit is not None:
+                fresh.fit(index, *fit)
             fresh.refresh(index)
         self.tables[key] = fresh
         self._base_masks.clear()
+
+    def set_device_fit(
+        self, stage: str, device_id: str, *, slots: int = 1, resident_bytes: int | None = None
+    ) -> None:
+        """How ``stage`` runs on ``device_id`` when its runtime there differs from the hint:
+        ``slots`` batches at once (a vLLM engine's continuous batching: that many tasks may
+        be outstanding, and each queues behind the others for a share of its estimate) and
+        ``resident_bytes`` held (the engine's KV cache beside its weights), which the memory
+        manager plans with. Kept across :meth:`set_hint`."""
+        if slots < 1:
+            raise ValueError(f"slots must be a positive integer, got {slots}")
+        index = self.fleet.index[device_id]
+        self._fits[(stage, index)] = (slots, resident_bytes)
+        for key, tables in self.tables.items():
+            if key.split("/", 1)[0] == stage:
+                tables.fit(index, slots, resident_bytes)
 
     def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
         """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
@@ -272,6 +306,13 @@ class Scheduler:
         """Devices that could ever run this stage variant."""
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
         return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
+
+    def run_slots(self, stage: str) -> int:
+        """The most tasks of ``stage`` one healthy device runs at once (1 unless a device's
+        runtime batches continuously): a queue of the stage drains that much faster."""
+        tables = self.tables[f"{stage}/full"]
+        runnable = tables.costs.runnable & self.healthy
+        return int(tables.slots[runnable].max()) if runnable.any() else 1
 
     def queued(self, stage: str) -> int:
         """Tasks of ``stage`` waiting in its queue."""
@@ -406,7 +447,7 @@ class Scheduler:
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
         # where priority and aging decide what goes next.
-        mask &= tables.pending < costs.hint.max_batch
+        mask &= tables.pending < tables.limit
         found = self._find_room(task, tables, mask, now)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
@@ -415,9 +456,8 @@ class Scheduler:
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
-        manager.apply(
-            plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
-        )
+        resident_bytes = int(tables.resident_bytes[index])
+        manager.apply(plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s)
         manager.begin(costs.key, now)
         tables.resident[index] = True
         breaker = self._breakers.get((task.stage, index))
@@ -427,7 +467,8 @@ class Scheduler:
         tables.pending[index] += 1
         tables.refresh(index)
         self.in_flight[index] += 1
-        self.backlog[index] += estimate
+        queued_behind = estimate / float(tables.slots[index])
+        self.backlog[index] += queued_behind
         decision = PlacementDecision(
             task_id=task.id,
             stage=task.stage,
@@ -460,7 +501,8 @@ class Scheduler:
             self.stats.counts["loads"] += 1
         self.stats.counts["evictions"] += len(plan.evict)
         task.attempts += 1
-        return Dispatch(task, self.devices[index].id, costs.key, plan, decision, estimate)
+        device_id = self.devices[index].id
+        return Dispatch(task, device_id, costs.key, plan, decision, estimate, queued_behind)
 
     def _find_room(
         self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float
@@ -481,7 +523,7 @@ class Scheduler:
             while (chosen := self._choose(task, tables, candidates)) is not None:
                 index, terms = chosen
                 plan = self.memory[index].plan(
-                    costs.key, costs.hint.resident_bytes, now, allow_young=allow_young
+                    costs.key, int(tables.resident_bytes[index]), now, allow_young=allow_young
                 )
                 if plan is not None:
                     return index, terms, plan
@@ -552,7 +594,7 @@ class Scheduler:
         tables = self.tables[dispatch.model_key]
         tables.pending[index] = max(0, tables.pending[index] - 1)
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
-        self.backlog[index] = max(0.0, self.backlog[index] - dispatch.estimate_s)
+        self.backlog[index] = max(0.0, self.backlog[index] - dispatch.backlog_s)
         self.memory[index].end(dispatch.model_key, now)
         if not judge:
             tables.refresh(index)
@@ -585,11 +627,12 @@ class Scheduler:
         tables = self.tables[model_key]
         costs = tables.costs
         now = self.clock.now()
-        plan = self.memory[index].plan(model_key, costs.hint.resident_bytes, now)
+        resident_bytes = int(tables.resident_bytes[index])
+        plan = self.memory[index].plan(model_key, resident_bytes, now)
         if plan is None or plan.evict:
             return plan is not None and not plan.load
         self.memory[index].apply(
-            plan, costs.hint.resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+            plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
         )
         tables.resident[index] = True
         tables.refresh(index)

@@ -39,6 +39,8 @@ Count = Annotated[int, BeforeValidator(_not_a_bool)]
 not (pydantic would read ``true`` as 1)."""
 Text = Annotated[str, Field(min_length=1)]
 """A text to embed: empty ones have no tokens and are refused."""
+StopText = Annotated[str, Field(min_length=1, max_length=256)]
+"""A stop sequence: generation ends where it first appears."""
 
 
 class _Body(BaseModel):
@@ -75,6 +77,13 @@ class ChatRequest(_Body):
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     seed: Count | None = Field(default=None, ge=0, le=2**63 - 1)
     n: Count = Field(default=1, ge=1, le=1)
+    stop: StopText | Annotated[list[StopText], Field(min_length=1, max_length=4)] | None = None
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (OpenAI takes one string or up to four)."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
 class EmbeddingRequest(_Body):

@@ -175,6 +175,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
         seed=body.seed,
         request_id=request_id,
         prompt_tokens=prompt_tokens,
+        stop=body.stop_sequences(),
     )
     model = rt.model_id(stage)
     created = int(time.time())

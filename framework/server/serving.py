@@ -527,6 +527,7 @@ class Serving:
         seed: int | None = None,
         request_id: str | None = None,
         prompt_tokens: int = 0,
+        stop: tuple[str, ...] = (),
     ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
         """Start generating; returns (pieces as they come, the final summary, how it runs).
 
@@ -550,7 +551,9 @@ class Serving:
             except RuntimeError:  # the loop is gone: nobody is listening any more
                 job.stop.set()
 
-        job = Generation(list(messages), max_tokens, temperature, seed, on_piece)
+        job = Generation(
+            list(messages), max_tokens, temperature, seed, on_piece, stop_sequences=stop
+        )
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
         queued = self._enqueue(engine, stage, job, variant, caller, request_id)  # may shed

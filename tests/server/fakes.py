@@ -140,6 +140,9 @@ class FakeLlm(_Fake):
             if job.stop.is_set():
                 stopped = True
                 break
+            if word in job.stop_sequences:  # whole words only: enough for the HTTP layer
+                limit = len(words)
+                break
             pieces.append(word)
             job.on_piece(word)
         finish = "length" if len(pieces) >= limit else "stop"

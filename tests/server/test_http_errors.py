@@ -119,6 +119,18 @@ def test_a_seed_outside_int64_is_refused(client: httpx.Client) -> None:
     assert "seed" in error["message"]
 
 
+def test_stop_sequences_reach_the_stage_and_are_checked(client: httpx.Client) -> None:
+    chat = {"model": CHAT_MODEL, "max_tokens": 12, "messages": [{"role": "user", "content": "x"}]}
+    answer = client.post("/v1/chat/completions", json={**chat, "stop": [" cat"]}).json()
+    assert answer["choices"][0]["message"]["content"] == "The image shows a"
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    one = client.post("/v1/chat/completions", json={**chat, "stop": " shows"}).json()
+    assert one["choices"][0]["message"]["content"] == "The image"
+    for bad in (["a", "b", "c", "d", "e"], [""], "", 7):
+        error = assert_error(client.post("/v1/chat/completions", json={**chat, "stop": bad}), 400)
+        assert "stop" in error["message"]
+
+
 def test_missing_field_names_it(client: httpx.Client) -> None:
     error = assert_error(client.post("/v1/embeddings", json={"model": EMBED_MODEL}), 400)
     assert error["param"] == "input"

@@ -9,7 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("framework", "backends", "cache", "sandbox", "models")
 EXECUTORS = ROOT / "framework" / "executors"
-SESSION = re.compile(r"InferenceSession\(|\.compile_model\(|create_infer_request\(")
+SESSION = re.compile(
+    r"InferenceSession\(|\.compile_model\(|create_infer_request\(|AsyncLLM\.from_engine_args\("
+)
 
 
 def _sources() -> list[Path]:

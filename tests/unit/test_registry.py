@@ -103,7 +103,7 @@ def test_autoload_off_lists_only_builtins_but_loads_a_named_plugin(
 ) -> None:
     clean_env.setenv("HETERO_BACKEND_AUTOLOAD", "0")
     registry = Registry()
-    assert set(registry.names()) == {"npu", "cuda", "rocm", "sim"}
+    assert set(registry.names()) == {"npu", "cuda", "rocm", "sim", "vllm"}
     assert registry.backend("dummy").name == "dummy"
 
 

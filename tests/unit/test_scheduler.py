@@ -346,3 +346,30 @@ def test_runtimes_over_one_host_cpu_share_its_backlog() -> None:
     assert set(_placements(("host", "host"))) == {"npu:fast/CPU"}
     # The control: the same devices on two hosts are independent, and the backlog spreads.
     assert set(_placements(("host-a", "host-b"))) == {"npu:fast/CPU", "npu:slow/CPU"}
+
+
+def test_a_device_with_run_slots_takes_that_many_tasks_and_its_own_memory_figure() -> None:
+    scheduler, _ = make()
+    assert scheduler.run_slots("cpu_only") == 1
+    first = place(scheduler, task("cpu_only"))
+    scheduler.enqueue(task("cpu_only"))
+    assert scheduler.dispatch() is None  # one batch outstanding per device: the rest waits
+    scheduler.completed(first, ok=True, run_s=0.001)
+    assert isinstance(scheduler.dispatch(), Dispatch)  # the queued one goes now
+
+    fitted, _ = make()
+    # An engine with continuous batching there: three at once, and its KV cache resident.
+    fitted.set_device_fit("cpu_only", "sim:cpu-0", slots=3, resident_bytes=5 * 10**6)
+    hint = fitted.tables["cpu_only/full"].costs.hint
+    fitted.set_hint("cpu_only", "full", hint)  # a new hint keeps the device's fit
+    running = [place(fitted, task("cpu_only")) for _ in range(3)]
+    fitted.enqueue(task("cpu_only"))
+    assert fitted.dispatch() is None  # the fourth waits for a slot
+    index = fitted.fleet.index["sim:cpu-0"]
+    assert fitted.run_slots("cpu_only") == 3
+    assert fitted.memory[index].used == 5 * 10**6
+    assert fitted.backlog[index] == pytest.approx(sum(d.estimate_s for d in running) / 3)
+    fitted.completed(running[0], ok=True, run_s=0.001)
+    assert fitted.backlog[index] == pytest.approx(sum(d.estimate_s for d in running[1:]) / 3)
+    with pytest.raises(ValueError, match="slots"):
+        fitted.set_device_fit("cpu_only", "sim:cpu-0", slots=0)
