@@ -218,6 +218,9 @@ class QosClass(_Frozen):
     weight: PositiveFloat
     sla_tier: Name
     queue_bound: PositiveInt = 1024
+    max_load_wait_s: PositiveFloat | None = None
+    """How long a task of this class may wait for its model to become resident before minimum
+    residency stops protecting other models (None: ``scheduler.max_load_wait_s``)."""
 
 
 class QosConfig(_Frozen):
@@ -250,6 +253,7 @@ class SchedulerConfig(_Frozen):
     weights: PlacementWeights = PlacementWeights()
     memory_reserve_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     min_residency_s: NonNegativeFloat = 30.0
+    max_load_wait_s: PositiveFloat = 10.0
     measured_smoothing: OpenFraction = 0.2
     batching: BatchingConfig = BatchingConfig()
 

@@ -7,6 +7,11 @@ cheap to bring back goes first, so one large idle model is evicted before three 
 (the simulator's thrash scenario).
 Victims are taken greedily by score until enough room is free; if idle models cannot free
 enough, nothing is evicted and the caller places elsewhere.
+
+Minimum residency is a preference, not a wall: a task that has waited its class's
+``max_load_wait_s`` for room (``overdue``) may evict idle models however young, and if busy
+models hold the room, :meth:`MemoryManager.drain_victims` names the ones to stop feeding so they
+go idle (the scheduler's side of the starvation bound, docs/scheduler.md).
 """
 
 from __future__ import annotations
@@ -64,8 +69,15 @@ class MemoryManager:
         """Bytes not held."""
         return self.capacity - self.used
 
+    def _score(self, residency: Residency, now: float) -> float:
+        return (now - residency.last_used) * residency.bytes / max(residency.reload_s, MIN_RELOAD_S)
+
     def _victims(
-        self, needed: int, now: float, allow_young: frozenset[str] = frozenset()
+        self,
+        needed: int,
+        now: float,
+        allow_young: frozenset[str] = frozenset(),
+        overdue: bool = False,
     ) -> tuple[str, ...] | None:
         if needed <= self.free:
             return ()
@@ -77,12 +89,9 @@ class MemoryManager:
                 r
                 for r in self.resident.values()
                 if r.in_flight == 0
-                and (r.key in allow_young or now - r.loaded_at >= r.min_residency_s)
+                and (overdue or r.key in allow_young or now - r.loaded_at >= r.min_residency_s)
             ]
-            candidates.sort(
-                key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
-                reverse=True,
-            )
+            candidates.sort(key=lambda r: self._score(r, now), reverse=True)
         freed = self.free
         chosen: list[str] = []
         for victim in candidates:
@@ -102,18 +111,43 @@ class MemoryManager:
         return min(times) if times else None
 
     def plan(
-        self, key: str, size: int, now: float, *, allow_young: frozenset[str] = frozenset()
+        self,
+        key: str,
+        size: int,
+        now: float,
+        *,
+        allow_young: frozenset[str] = frozenset(),
+        overdue: bool = False,
     ) -> LoadPlan | None:
         """What making ``key`` resident takes, or None if no room can be made. Models named in
-        ``allow_young`` may go even inside their minimum residency."""
+        ``allow_young`` (every model, when the task is ``overdue``) may go even inside their
+        minimum residency."""
         if key in self.resident:
             return LoadPlan(key=key, load=False)
         if size > self.capacity:
             return None
-        victims = self._victims(size, now, allow_young)
+        victims = self._victims(size, now, allow_young, overdue)
         if victims is None:
             return None
         return LoadPlan(key=key, load=True, evict=victims)
+
+    def drain_victims(self, size: int, now: float) -> tuple[str, ...] | None:
+        """Models that, once idle, free room for ``size`` bytes: idle ones first, then busy
+        ones by score (an overdue task asks; the scheduler stops feeding them here). None if
+        even every model gone would not make room."""
+        if size > self.capacity:
+            return None
+        ranked = sorted(
+            self.resident.values(), key=lambda r: (r.in_flight > 0, -self._score(r, now), r.key)
+        )
+        freed = self.free
+        chosen: list[str] = []
+        for victim in ranked:
+            if freed >= size:
+                break
+            chosen.append(victim.key)
+            freed += victim.bytes
+        return tuple(chosen) if freed >= size else None
 
     def apply(
         self, plan: LoadPlan, size: int, reload_s: float, now: float, min_residency_s: float

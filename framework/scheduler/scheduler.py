@@ -84,6 +84,7 @@ class _Tables:
     resident: np.ndarray
     load_now: np.ndarray  # load time if placed there now: 0 where resident
     next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
+    draining: np.ndarray  # devices where this model gets no new work: an overdue task waits
 
     @classmethod
     def fresh(cls, costs: StageCosts, count: int) -> _Tables:
@@ -94,6 +95,7 @@ class _Tables:
             resident=np.zeros(count, bool),
             load_now=costs.load_s.copy(),
             next_compute=costs.marginal_s[:, 0].copy(),
+            draining=np.zeros(count, bool),
         )
 
     def refresh(self, index: int) -> None:
@@ -179,6 +181,14 @@ class Scheduler:
             name: StageQueue(name, classes, spec.qos.aging_per_second)
             for name in sorted(spec.stages)
         }
+        # How long a class's task waits for room before minimum residency stops protecting
+        # other models; plain LRU (the comparison baseline) has no residency to override.
+        self.load_wait_s = {
+            name: c.max_load_wait_s or spec.scheduler.max_load_wait_s
+            for name, c in spec.qos.classes.items()
+        }
+        self._bounded = eviction != "lru"
+        self._drains: dict[int, tuple[int, tuple[str, ...]]] = {}
         self.weights = spec.scheduler.weights
         w = self.weights
         self._unit_weights = (w.queue, w.load, w.compute, w.transfer) == (1.0, 1.0, 1.0, 1.0)
@@ -231,6 +241,7 @@ class Scheduler:
         fresh.pending[:] = old.pending
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
+        fresh.draining[:] = old.draining
         for index in range(len(self.devices)):
             fresh.refresh(index)
         self.tables[key] = fresh
@@ -298,6 +309,8 @@ class Scheduler:
     def cancel(self, task: StageTask) -> None:
         """Drop a queued task (lazily)."""
         self.queues[task.stage].cancel(task)
+        if self._drains:
+            self._release_drains(task.id)
 
     # --- health and breakers -----------------------------------------------------------------
 
@@ -401,12 +414,16 @@ class Scheduler:
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
-        # where priority and aging decide what goes next.
+        # where priority and aging decide what goes next. A model being drained for an
+        # overdue task gets no new work there.
         mask &= tables.pending < costs.hint.max_batch
+        if self._drains:
+            mask &= ~tables.draining
         found = self._find_room(task, tables, mask, now)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
+        self._end_drain(index)
         manager = self.memory[index]
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
@@ -472,17 +489,62 @@ class Scheduler:
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
+        overdue = self._bounded and self.overdue(task, now)
         for allow_young in passes:
             candidates = mask.copy()
             while (chosen := self._choose(task, tables, candidates)) is not None:
                 index, terms = chosen
                 plan = self.memory[index].plan(
-                    costs.key, costs.hint.resident_bytes, now, allow_young=allow_young
+                    costs.key,
+                    costs.hint.resident_bytes,
+                    now,
+                    allow_young=allow_young,
+                    overdue=overdue,
                 )
                 if plan is not None:
                     return index, terms, plan
                 candidates[index] = False
+        if overdue:
+            self._start_drain(task, tables, mask, now)
         return None
+
+    def overdue(self, task: StageTask, now: float) -> bool:
+        """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
+        on minimum residency no longer protects other models from it."""
+        return now - task.enqueued_at >= self.load_wait_s[task.qos_class]
+
+    def _start_drain(self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float) -> None:
+        """Busy models hold the room an overdue task needs: on the best device without a drain
+        under way, stop feeding the models whose going makes room, so they turn idle within
+        the work already promised to them (at most one batch each)."""
+        if any(owner == task.id for owner, _ in self._drains.values()):
+            return
+        candidates = mask.copy()
+        for index in self._drains:
+            candidates[index] = False
+        costs = tables.costs
+        while (chosen := self._choose(task, tables, candidates)) is not None:
+            index = chosen[0]
+            victims = self.memory[index].drain_victims(costs.hint.resident_bytes, now)
+            if victims is not None:
+                self._drains[index] = (task.id, victims)
+                for victim in victims:
+                    self.tables[victim].draining[index] = True
+                self.stats.counts["drains"] += 1
+                return
+            candidates[index] = False
+
+    def _end_drain(self, index: int) -> None:
+        drain = self._drains.pop(index, None)
+        if drain is not None:
+            for victim in drain[1]:
+                self.tables[victim].draining[index] = False
+
+    def _release_drains(self, task_id: int) -> None:
+        """The task a drain was for left the queue (placed, rejected, cancelled)."""
+        for index, (owner, _) in list(self._drains.items()):
+            if owner == task_id:
+                self._end_drain(index)
 
     def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
         reasons = {}
@@ -520,14 +582,19 @@ class Scheduler:
             assert task is not None
             outcome = self._place(task, now)
             if outcome is not None:
+                if self._drains:
+                    self._release_drains(task.id)
                 return outcome
             best.push(task)  # same key: it keeps its place
             self._blocked_stages.add(best.stage)
             # Nothing completes to unblock it if the room is held by idle models still inside
-            # their minimum residency: retry once the first of them may go.
+            # their minimum residency: retry once the first of them may go, or once the task
+            # is overdue and may evict them anyway.
             waits = [m.next_evictable(now) for m in self.memory]
+            if self._bounded:
+                waits.append(task.enqueued_at + self.load_wait_s[task.qos_class])
             self._retry_blocked_at = min(
-                [w for w in waits if w is not None] + [self._retry_blocked_at]
+                [w for w in waits if w is not None and w > now] + [self._retry_blocked_at]
             )
 
     # --- completion --------------------------------------------------------------------------
