@@ -83,6 +83,7 @@ def hint_from_variant(variant: VariantConfig) -> BandwidthHint | None:
         batchable=variant.batchable,
         max_batch=variant.max_batch,
         dtype=variant.dtype,
+        kv_bytes_per_token=variant.kv_bytes_per_token,
     )
 
 

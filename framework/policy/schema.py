@@ -174,6 +174,7 @@ class VariantConfig(_Frozen):
     batchable: StrictBool = True
     max_batch: PositiveInt = 1
     dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    kv_bytes_per_token: ByteCount = 0.0
     max_delay_ms: NonNegativeFloat | None = None
 
 
@@ -254,6 +255,7 @@ class SchedulerConfig(_Frozen):
     memory_reserve_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     min_residency_s: NonNegativeFloat = 30.0
     max_load_wait_s: PositiveFloat = 10.0
+    kv_block_tokens: PositiveInt = 16
     measured_smoothing: OpenFraction = 0.2
     batching: BatchingConfig = BatchingConfig()
 

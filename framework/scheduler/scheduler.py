@@ -64,6 +64,8 @@ class Dispatch:
     load: LoadPlan
     decision: PlacementDecision
     estimate_s: float
+    kv_bytes: int = 0
+    """KV cache reserved on the device for this task, given back when it completes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,7 @@ class Scheduler:
             for name, c in spec.qos.classes.items()
         }
         self._bounded = eviction != "lru"
+        self.kv_block_tokens = spec.scheduler.kv_block_tokens
         self._drains: dict[int, tuple[int, tuple[str, ...]]] = {}
         self.weights = spec.scheduler.weights
         w = self.weights
@@ -425,6 +428,8 @@ class Scheduler:
         index, terms, plan = found
         self._end_drain(index)
         manager = self.memory[index]
+        kv_bytes = self.kv_bytes(task, tables)
+        manager.kv_reserved += kv_bytes
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
@@ -473,7 +478,17 @@ class Scheduler:
             self.stats.counts["loads"] += 1
         self.stats.counts["evictions"] += len(plan.evict)
         task.attempts += 1
-        return Dispatch(task, self.devices[index].id, costs.key, plan, decision, estimate)
+        return Dispatch(task, self.devices[index].id, costs.key, plan, decision, estimate, kv_bytes)
+
+    def kv_bytes(self, task: StageTask, tables: _Tables) -> int:
+        """The KV cache ``task`` holds at its longest, in whole blocks of the paged allocator
+        (its last block partly empty: the internal fragmentation a block size costs)."""
+        per_token = tables.costs.hint.kv_bytes_per_token
+        if not task.kv_tokens or not per_token:
+            return 0
+        block = self.kv_block_tokens
+        blocks = -(-task.kv_tokens // block)
+        return int(blocks * block * per_token)
 
     def _find_room(
         self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float
@@ -486,6 +501,7 @@ class Scheduler:
         model, which would only move the thrash).
         """
         costs = tables.costs
+        kv_bytes = self.kv_bytes(task, tables)
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
@@ -500,20 +516,28 @@ class Scheduler:
                     now,
                     allow_young=allow_young,
                     overdue=overdue,
+                    kv_bytes=kv_bytes,
                 )
                 if plan is not None:
                     return index, terms, plan
                 candidates[index] = False
         if overdue:
-            self._start_drain(task, tables, mask, now)
+            self._start_drain(task, tables, mask, now, kv_bytes)
         return None
 
     def overdue(self, task: StageTask, now: float) -> bool:
         """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
         on minimum residency no longer protects other models from it."""
-        return now - task.enqueued_at >= self.load_wait_s[task.qos_class]
+        return now >= self.overdue_at(task)
 
-    def _start_drain(self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float) -> None:
+    def overdue_at(self, task: StageTask) -> float:
+        """When ``task`` becomes overdue (the same sum as the wake-up time, so a wake-up at
+        that instant finds it overdue whatever the rounding)."""
+        return task.enqueued_at + self.load_wait_s[task.qos_class]
+
+    def _start_drain(
+        self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float, kv_bytes: int
+    ) -> None:
         """Busy models hold the room an overdue task needs: on the best device without a drain
         under way, stop feeding the models whose going makes room, so they turn idle within
         the work already promised to them (at most one batch each)."""
@@ -525,7 +549,10 @@ class Scheduler:
         costs = tables.costs
         while (chosen := self._choose(task, tables, candidates)) is not None:
             index = chosen[0]
-            victims = self.memory[index].drain_victims(costs.hint.resident_bytes, now)
+            manager = self.memory[index]
+            resident = costs.key in manager.resident
+            needed = kv_bytes + (0 if resident else costs.hint.resident_bytes)
+            victims = manager.drain_victims(needed, now, keep=costs.key)
             if victims is not None:
                 self._drains[index] = (task.id, victims)
                 for victim in victims:
@@ -539,6 +566,7 @@ class Scheduler:
         if drain is not None:
             for victim in drain[1]:
                 self.tables[victim].draining[index] = False
+            self._unblock()  # the next overdue task may start its drain at once
 
     def _release_drains(self, task_id: int) -> None:
         """The task a drain was for left the queue (placed, rejected, cancelled)."""
@@ -592,7 +620,7 @@ class Scheduler:
             # is overdue and may evict them anyway.
             waits = [m.next_evictable(now) for m in self.memory]
             if self._bounded:
-                waits.append(task.enqueued_at + self.load_wait_s[task.qos_class])
+                waits.append(self.overdue_at(task))
             self._retry_blocked_at = min(
                 [w for w in waits if w is not None and w > now] + [self._retry_blocked_at]
             )
@@ -616,7 +644,9 @@ class Scheduler:
         tables.pending[index] = max(0, tables.pending[index] - 1)
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
         self.backlog[index] = max(0.0, self.backlog[index] - dispatch.estimate_s)
-        self.memory[index].end(dispatch.model_key, now)
+        manager = self.memory[index]
+        manager.kv_reserved = max(0, manager.kv_reserved - dispatch.kv_bytes)
+        manager.end(dispatch.model_key, now)
         if not judge:
             tables.refresh(index)
             self._unblock()

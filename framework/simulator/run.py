@@ -3,24 +3,31 @@ breakers as the engine, on simulated devices and a virtual clock.
 
 Events are arrivals, batch completions and batch timers. After each event the scheduler
 dispatches what it can; each device runs one batch at a time, taking the model's load time first
-when it is not resident (evictions follow the scheduler's plans). A batch lasts the modelled
-time of the sim backend (:func:`modelled_batch_seconds`), scaled by the requests' sizes against
-the workload's nominal size (text tokens, image count, audio seconds).
+when it is not resident (evictions follow the scheduler's plans; a load lasts the modelled time
+times a draw from Alibaba's measured spread). A batch lasts the modelled time of the sim backend
+(:func:`modelled_batch_seconds`), scaled by the requests' sizes against the workload's nominal
+size (text tokens, image count, audio seconds); an LLM stage (its hint has
+``kv_bytes_per_token``) is modelled phase by phase (:func:`modelled_llm_batch`) and its KV cache
+grows in paged blocks while it runs (:mod:`kv`).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.backends.sim.backend import modelled_batch_seconds
+from hetero.backends.sim.backend import LAUNCH_OVERHEAD_S, modelled_batch_seconds
+from hetero.backends.sim.calibration import load_multiplier
+from hetero.backends.sim.llm import modelled_llm_batch
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
+from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler import (
     Batcher,
@@ -38,6 +45,7 @@ from hetero.framework.simulator.arrivals import (
     open_loop_requests,
     request_from_kind,
 )
+from hetero.framework.simulator.kv import KvBatch, PagedKv
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
 from hetero.framework.stages import Pipeline
@@ -102,6 +110,8 @@ class _Simulation:
         self.wake_at = float("inf")
         self.loads_at_warmup: int | None = None
         self.evictions_at_warmup = 0
+        self.kv = PagedKv(spec.scheduler.kv_block_tokens)
+        self.load_draws = random.Random(workload.spec.seed)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -152,8 +162,17 @@ class _Simulation:
         if when < self.workload.spec.warmup_s:
             self.last_memory_time = when
             return
-        used = np.array([m.used for m in self.scheduler.memory], dtype=float)
-        self.metrics.observe_memory(used / self.capacity, when - self.last_memory_time)
+        dt = when - self.last_memory_time
+        used = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
+        if self.kv.running:
+            allocated_all = held_all = 0.0
+            for index, device_id in enumerate(self.devices):
+                allocated, held = self.kv.usage(device_id, when)
+                used[index] += allocated
+                allocated_all += allocated
+                held_all += held
+            self.metrics.observe_kv(allocated_all, held_all, dt)
+        self.metrics.observe_memory(used / self.capacity, dt)
         self.last_memory_time = when
 
     def _next_closed_loop(self, client: int, now: float) -> None:
@@ -231,6 +250,7 @@ class _Simulation:
                 deadline=run.request.arrival + self.metrics.deadlines[run.qos],
                 inputs=tuple(run.done[d] for d in run.pipeline.steps[step].after),
                 enqueued_at=self.clock.now(),
+                kv_tokens=run.request.text_tokens + run.request.output_tokens,
             )
             try:
                 self.scheduler.enqueue(task)
@@ -318,14 +338,22 @@ class _Simulation:
         index = self.scheduler.fleet.index[device.spec.id]
         duration = 0.0
         if key not in device.loaded:
-            duration += float(tables.costs.load_s[index])
+            draw = load_multiplier(self.load_draws.random())
+            duration += float(tables.costs.load_s[index]) * draw
             device.loaded.add(key)
-        items = float(sum(self._scale(d) for d in batch))
         # Inputs move before compute, in parallel: the slowest one counts.
         duration += max(self._transfer_s(d, index) for d in batch)
-        run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's own formula
-        duration += run_s
         now = self.clock.now()
+        kv_batch = self._llm_batch(hint, device.spec, key, batch, now + duration)
+        if kv_batch is None:
+            items = float(sum(self._scale(d) for d in batch))
+            run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's formula
+            prefill_of = None
+        else:
+            run_s = LAUNCH_OVERHEAD_S + kv_batch.prefill_s + kv_batch.decode_s
+            prefill_of = duration + kv_batch.prefill_s
+            self.kv.add(device.spec.id, kv_batch)
+        duration += run_s
         for dispatch in batch:
             if (
                 dispatch.task.qos_class == self.lowest_class
@@ -341,16 +369,48 @@ class _Simulation:
                 and stage.modality == "text"
                 and run.request.output_tokens
             ):
-                total = run.request.text_tokens + run.request.output_tokens
-                prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
+                if prefill_of is None:
+                    total = run.request.text_tokens + run.request.output_tokens
+                    prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
+                else:
+                    prefill = prefill_of
                 self.metrics.ttft.append(now + prefill - run.request.arrival)
         device.busy = True
         self.metrics.busy[device.spec.id].append((now, duration))
-        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s))
+        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s, kv_batch))
 
-    def _batch_done(self, device_id: str, batch: list[Dispatch], run_s: float) -> None:
+    def _llm_batch(
+        self, hint: BandwidthHint, device: DeviceSpec, key: str, batch: list[Dispatch], start: float
+    ) -> KvBatch | None:
+        """The phases and KV cache of an LLM batch (a stage with a KV cache), else None."""
+        if not hint.kv_bytes_per_token:
+            return None
+        stage = key.split("/", 1)[0]
+        spec = self.workload.spec
+        nominal = spec.stage_nominal.get(stage, spec.nominal).text_tokens
+        prompts, outputs = [], []
+        for dispatch in batch:
+            run = self.runs.get(int(dispatch.task.request_id))
+            request = run.request if run is not None else None
+            prompts.append(request.text_tokens if request is not None else int(nominal))
+            outputs.append(request.output_tokens if request is not None else 0)
+        times = modelled_llm_batch(hint, device, prompts, outputs, nominal)
+        return KvBatch(
+            start=start,
+            prefill_s=times.prefill_s,
+            decode_s=times.decode_s,
+            prompts=np.asarray(prompts, dtype=float),
+            outputs=np.asarray(outputs, dtype=float),
+            bytes_per_token=hint.kv_bytes_per_token,
+        )
+
+    def _batch_done(
+        self, device_id: str, batch: list[Dispatch], run_s: float, kv_batch: KvBatch | None
+    ) -> None:
         device = self.devices[device_id]
         device.busy = False
+        if kv_batch is not None:
+            self.kv.remove(device_id, kv_batch)
         now = self.clock.now()
         for dispatch in batch:
             self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=len(batch))
