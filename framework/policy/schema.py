@@ -247,6 +247,22 @@ class PlacementWeights(_Frozen):
     transfer: NonNegativeFloat = 1.0
 
 
+class WarmupConfig(_Frozen):
+    """Predictive warm-up: forecast each model's arrival rate (Holt-Winters exponential
+    smoothing over ``bin_s`` bins, a season of ``season_s``; 0 for none) and load it ahead of
+    its traffic, release it after."""
+
+    enabled: StrictBool = False
+    bin_s: PositiveFloat = 30.0
+    alpha: OpenFraction = 0.5
+    beta: Fraction = 0.3
+    gamma: Fraction = 0.5
+    season_s: NonNegativeFloat = 86400.0
+    lead_s: NonNegativeFloat = 60.0
+    load_rate_per_s: PositiveFloat = 0.05
+    release_rate_per_s: NonNegativeFloat = 0.0
+
+
 class SchedulerConfig(_Frozen):
     """Placement policy and memory-manager settings."""
 
@@ -256,6 +272,7 @@ class SchedulerConfig(_Frozen):
     min_residency_s: NonNegativeFloat = 30.0
     max_load_wait_s: PositiveFloat = 10.0
     kv_block_tokens: PositiveInt = 16
+    warmup: WarmupConfig = WarmupConfig()
     measured_smoothing: OpenFraction = 0.2
     batching: BatchingConfig = BatchingConfig()
 

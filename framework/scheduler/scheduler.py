@@ -688,6 +688,58 @@ class Scheduler:
         tables.refresh(index)
         return True
 
+    def prefetch(self, model_key: str, evictable: frozenset[str]) -> tuple[str, LoadPlan] | None:
+        """Load ``model_key`` ahead of its traffic (predictive warm-up) on the device where it
+        loads fastest and room can be made by evicting idle models named in ``evictable`` (even
+        young ones: the forecaster judged them colder). None when no device has such room or
+        it is already resident somewhere. The caller carries out the plan (the load takes its
+        time on the device)."""
+        tables = self.tables[model_key]
+        costs = tables.costs
+        if tables.resident.any():
+            return None
+        now = self.clock.now()
+        runnable = np.flatnonzero(costs.runnable & self.healthy)
+        for index in sorted(runnable.tolist(), key=lambda i: (float(costs.load_s[i]), i)):
+            manager = self.memory[index]
+            plan = manager.plan(model_key, costs.hint.resident_bytes, now, allow_young=evictable)
+            if plan is None or not all(victim in evictable for victim in plan.evict):
+                continue
+            for victim in plan.evict:
+                self.tables[victim].resident[index] = False
+                self.tables[victim].refresh(index)
+            manager.apply(
+                plan,
+                costs.hint.resident_bytes,
+                float(costs.load_s[index]),
+                now,
+                costs.min_residency_s,
+            )
+            tables.resident[index] = True
+            tables.refresh(index)
+            self.stats.counts["loads"] += 1
+            self.stats.counts["prefetches"] += 1
+            self.stats.counts["evictions"] += len(plan.evict)
+            return self.devices[index].id, plan
+        return None
+
+    def release(self, device_id: str, model_key: str) -> bool:
+        """Evict an idle ``model_key`` from ``device_id`` (its traffic is forecast to have
+        ended); False if it is not resident there or has work in flight."""
+        index = self.fleet.index[device_id]
+        manager = self.memory[index]
+        residency = manager.resident.get(model_key)
+        if residency is None or residency.in_flight:
+            return False
+        now = self.clock.now()
+        manager.apply(LoadPlan(key=model_key, load=False, evict=(model_key,)), 0, 0.0, now, 0.0)
+        self.tables[model_key].resident[index] = False
+        self.tables[model_key].refresh(index)
+        self.stats.counts["evictions"] += 1
+        self.stats.counts["releases"] += 1
+        self._unblock()
+        return True
+
     def _unblock(self) -> None:
         """Something changed (a completion, health): every blocked stage may try again."""
         self._blocked_stages.clear()

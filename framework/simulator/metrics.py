@@ -27,6 +27,8 @@ class RunMetrics:
     warmup_s: float = 0.0
     ttft: list[float] = field(default_factory=list)
     lowest_class_waits: list[float] = field(default_factory=list)
+    load_waits: int = 0
+    """Tasks placed where their model was not loaded yet (they wait for a load)."""
     completed: int = 0
     shed: int = 0
     failed: int = 0
@@ -97,6 +99,7 @@ class RunMetrics:
             "kv_block_waste_pct": 100.0 * self.kv_waste_integral / self.kv_allocated_integral
             if self.kv_allocated_integral
             else None,
+            "load_waits": self.load_waits,
             "model_loads": self.loads,
             "model_evictions": self.evictions,
             "loads_per_hour": self.loads / hours if hours else float("nan"),

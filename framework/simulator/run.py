@@ -39,6 +39,7 @@ from hetero.framework.scheduler import (
     VirtualClock,
 )
 from hetero.framework.scheduler.admission import StageAdmission
+from hetero.framework.scheduler.warmup import PredictiveWarmup
 from hetero.framework.simulator.arrivals import (
     RequestSource,
     check_against_policy,
@@ -53,7 +54,7 @@ from hetero.framework.topology import Topology
 
 __all__ = ["simulate"]
 
-ARRIVAL, BATCH_DONE, TIMER = 0, 1, 2
+ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -73,6 +74,7 @@ class _DeviceSim:
     spec: DeviceSpec
     batchers: dict[str, Batcher[Dispatch]] = field(default_factory=dict)
     loaded: set[str] = field(default_factory=set)
+    prefetch: list[str] = field(default_factory=list)  # warm-up loads not started yet
     busy: bool = False
 
 
@@ -91,6 +93,12 @@ class _Simulation:
         self.clock = VirtualClock()
         self.scheduler = Scheduler(
             policy, devices, topology, self.clock, placement=placement, eviction=eviction
+        )
+        warmup = policy.spec.scheduler.warmup
+        self.warmup = (
+            PredictiveWarmup(self.scheduler, warmup)
+            if warmup.enabled or eviction == "predictive"
+            else None
         )
         self.admission = StageAdmission(policy)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
@@ -131,6 +139,8 @@ class _Simulation:
             for request in open_loop_requests(self.workload, self.policy):
                 self.push(request.arrival, ARRIVAL, (request, None))
         self.metrics.first_arrival = self.events[0][0] if self.events else 0.0
+        if self.warmup is not None:
+            self.push(self.warmup.next_tick, WARMUP, None)
         self.last_memory_time = self.metrics.first_arrival
         while self.events:
             when, _, kind, payload = heapq.heappop(self.events)
@@ -144,6 +154,10 @@ class _Simulation:
                 self._arrive(*payload)  # type: ignore[misc]
             elif kind == BATCH_DONE:
                 self._batch_done(*payload)  # type: ignore[misc]
+            elif kind == WARMUP:
+                self._warm_up(when)
+            elif kind == LOAD_DONE:
+                self._load_done(*payload)  # type: ignore[misc]
             self._dispatch()
             self._start_batches()
             retry = self.scheduler.next_retry_at
@@ -194,6 +208,9 @@ class _Simulation:
             self.metrics.offered_by_class[qos] += 1
         pipeline = self.policy.pipeline_for_route(request.route)
         first = pipeline.steps[pipeline.order[0]].stage
+        if self.warmup is not None:
+            stages = sorted({step.stage for step in pipeline.steps.values()})
+            self.warmup.observe([f"{stage}/full" for stage in stages], request.arrival)
         scale = self._request_scale(first, request)
         variants = spec.stages[first].variants
         try:  # the engine's admission, judged against the simulated queue and cost model
@@ -272,7 +289,11 @@ class _Simulation:
             device = self.devices[outcome.device_id]
             for victim in outcome.load.evict:
                 device.loaded.discard(victim)
+                if victim in device.prefetch:
+                    device.prefetch.remove(victim)
             key = outcome.model_key
+            if key not in device.loaded and outcome.task.arrival >= self.workload.spec.warmup_s:
+                self.metrics.load_waits += 1
             if key not in device.batchers:
                 size, delay_s = self.scheduler.batching_for(key)
                 device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_s)
@@ -289,6 +310,7 @@ class _Simulation:
                 continue
             ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
             if not ready:
+                self._start_prefetch(device)
                 continue
             _, key = min(ready)
             batch = device.batchers[key].take(now)
@@ -338,9 +360,10 @@ class _Simulation:
         index = self.scheduler.fleet.index[device.spec.id]
         duration = 0.0
         if key not in device.loaded:
-            draw = load_multiplier(self.load_draws.random())
-            duration += float(tables.costs.load_s[index]) * draw
+            duration += self._load_s(key, index)
             device.loaded.add(key)
+            if key in device.prefetch:
+                device.prefetch.remove(key)
         # Inputs move before compute, in parallel: the slowest one counts.
         duration += max(self._transfer_s(d, index) for d in batch)
         now = self.clock.now()
@@ -378,6 +401,48 @@ class _Simulation:
         device.busy = True
         self.metrics.busy[device.spec.id].append((now, duration))
         self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s, kv_batch))
+
+    def _load_s(self, key: str, index: int) -> float:
+        """One load: the modelled time times a draw from Alibaba's measured spread."""
+        draw = load_multiplier(self.load_draws.random())
+        return float(self.scheduler.tables[key].costs.load_s[index]) * draw
+
+    def _warm_up(self, now: float) -> None:
+        """A forecast bin closed: queue the warm-up's loads, forget what it released."""
+        assert self.warmup is not None
+        loads, released = self.warmup.tick(now)
+        for load in loads:
+            device = self.devices[load.device_id]
+            for victim in load.plan.evict:
+                device.loaded.discard(victim)
+                if victim in device.prefetch:
+                    device.prefetch.remove(victim)
+            device.prefetch.append(load.plan.key)
+        for device_id, key in released:
+            self.devices[device_id].loaded.discard(key)
+        if self.events:  # keep forecasting while anything is still to happen
+            self.push(self.warmup.next_tick, WARMUP, None)
+
+    def _start_prefetch(self, device: _DeviceSim) -> None:
+        """An idle device with nothing ready runs a warm-up load (never ahead of work)."""
+        index = self.scheduler.fleet.index[device.spec.id]
+        while device.prefetch:
+            key = device.prefetch.pop(0)
+            if key in device.loaded or not self.scheduler.tables[key].resident[index]:
+                continue
+            duration = self._load_s(key, index)
+            device.busy = True
+            now = self.clock.now()
+            self.metrics.busy[device.spec.id].append((now, duration))
+            self.push(now + duration, LOAD_DONE, (device.spec.id, key))
+            return
+
+    def _load_done(self, device_id: str, key: str) -> None:
+        device = self.devices[device_id]
+        device.busy = False
+        index = self.scheduler.fleet.index[device_id]
+        if self.scheduler.tables[key].resident[index]:  # not evicted while it loaded
+            device.loaded.add(key)
 
     def _llm_batch(
         self, hint: BandwidthHint, device: DeviceSpec, key: str, batch: list[Dispatch], start: float
