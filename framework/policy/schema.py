@@ -109,6 +109,8 @@ class DeviceOverride(_Frozen):
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
     links: tuple[LinkConfig, ...] | None = None
     numa_node: NonNegativeInt | None = None
+    site: Name | None = None
+    zone: Name | None = None
 
 
 class SimulatedDeviceGroup(_Frozen):
@@ -125,6 +127,8 @@ class SimulatedDeviceGroup(_Frozen):
     vendor_name: Name | None = None
     count: PositiveInt = 1
     host: Name = "sim-host-0"
+    site: Name | None = None
+    zone: Name | None = None
     memory: PositiveBytes | None = None
     memory_bandwidth: Bandwidth | None = None
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
@@ -178,6 +182,17 @@ class VariantConfig(_Frozen):
     max_delay_ms: NonNegativeFloat | None = None
 
 
+class LocalityConfig(_Frozen):
+    """Where a stage may run (data locality): every key given must match the device's;
+    ``require`` rules other devices out, ``prefer`` tries matching devices first."""
+
+    site: Name | None = None
+    zone: Name | None = None
+    host: Name | None = None
+    numa_node: NonNegativeInt | None = None
+    mode: Literal["require", "prefer"] = "require"
+
+
 class StageConfig(_Frozen):
     """A model step: modality, variants, where it may run, which partition it touches."""
 
@@ -187,6 +202,7 @@ class StageConfig(_Frozen):
     partition: Name | None = None
     model_version: StrictStr = "1"
     min_residency_s: NonNegativeFloat | None = None
+    locality: LocalityConfig | None = None
 
 
 class StepConfig(_Frozen):

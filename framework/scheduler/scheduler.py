@@ -19,6 +19,7 @@ import numpy as np
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.errors import HeteroError, NoEligibleDeviceError
 from hetero.framework.graph import BandwidthHint
+from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
@@ -188,6 +189,19 @@ class Scheduler:
         self.load_wait_s = {
             name: c.max_load_wait_s or spec.scheduler.max_load_wait_s
             for name, c in spec.qos.classes.items()
+        }
+        # Data locality per stage: which devices match, and whether that is required.
+        self._misplaced = {
+            name: [locality_mismatch(stage.locality, d) for d in self.devices]
+            for name, stage in spec.stages.items()
+        }
+        self._local = {
+            name: np.array([not reason for reason in reasons], bool)
+            for name, reasons in self._misplaced.items()
+        }
+        self._required = {
+            name: stage.locality is not None and stage.locality.mode == "require"
+            for name, stage in spec.stages.items()
         }
         self._bounded = eviction != "lru"
         self.kv_block_tokens = spec.scheduler.kv_block_tokens
@@ -400,19 +414,30 @@ class Scheduler:
         }
         return index, terms
 
-    def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
-        key = f"{task.stage}/{task.variant}"
-        tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
-        costs = tables.costs
+    def _eligible(
+        self, task: StageTask, costs: StageCosts, now: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Devices that may take ``task`` now (runnable, healthy, where its locality requires,
+        breaker not open, not failed by it), and the breaker-blocked ones."""
         base = self._base_masks.get(costs.key)
         if base is None:
-            base = self._base_masks[costs.key] = costs.runnable & self.healthy
+            base = costs.runnable & self.healthy
+            if self._required[task.stage]:
+                base &= self._local[task.stage]
+            self._base_masks[costs.key] = base
         blocked = self._refresh_breakers(task.stage, now)
         mask = base & ~blocked if self._not_closed[task.stage] else base.copy()
         for device_id in task.excluded:
             index = self.fleet.index.get(device_id)
             if index is not None:
                 mask[index] = False
+        return mask, blocked
+
+    def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
+        key = f"{task.stage}/{task.variant}"
+        tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
+        costs = tables.costs
+        mask, blocked = self._eligible(task, costs, now)
         if not mask.any():
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
@@ -422,7 +447,12 @@ class Scheduler:
         mask &= tables.pending < costs.hint.max_batch
         if self._drains:
             mask &= ~tables.draining
-        found = self._find_room(task, tables, mask, now)
+        local = mask & self._local[task.stage]
+        found = None
+        if not self._required[task.stage] and local.any() and not local.all():
+            found = self._find_room(task, tables, local, now)  # where the stage prefers
+        if found is None:
+            found = self._find_room(task, tables, mask, now)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
@@ -577,8 +607,11 @@ class Scheduler:
     def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
         reasons = {}
         for index, device in enumerate(self.devices):
+            misplaced = self._misplaced[task.stage][index]
             if costs.why_not[index]:
                 reasons[device.id] = costs.why_not[index]
+            elif misplaced and self._required[task.stage]:
+                reasons[device.id] = misplaced
             elif not self.healthy[index]:
                 reasons[device.id] = "unhealthy"
             elif blocked[index]:
