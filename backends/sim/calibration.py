@@ -90,7 +90,7 @@ _FIGURES = {"A100-SXM4-80GB": (312e12, 2039e9), "H100-SXM5-80GB": (989.4e12, 3.3
 
 def efficiency_for(preset: str | None) -> RooflineEfficiency:
     """The measured efficiency of a preset; the mean of the measured ones for any other."""
-    if preset in ROOFLINE_EFFICIENCY:
+    if preset is not None and preset in ROOFLINE_EFFICIENCY:
         return ROOFLINE_EFFICIENCY[preset]
     known = list(ROOFLINE_EFFICIENCY.values())
     return RooflineEfficiency(

@@ -203,6 +203,11 @@ class Scheduler:
             name: stage.locality is not None and stage.locality.mode == "require"
             for name, stage in spec.stages.items()
         }
+        self._preferred = {
+            name
+            for name, stage in spec.stages.items()
+            if stage.locality is not None and stage.locality.mode == "prefer"
+        }
         self._bounded = eviction != "lru"
         self.kv_block_tokens = spec.scheduler.kv_block_tokens
         self._drains: dict[int, tuple[int, tuple[str, ...]]] = {}
@@ -447,10 +452,11 @@ class Scheduler:
         mask &= tables.pending < costs.hint.max_batch
         if self._drains:
             mask &= ~tables.draining
-        local = mask & self._local[task.stage]
         found = None
-        if not self._required[task.stage] and local.any() and not local.all():
-            found = self._find_room(task, tables, local, now)  # where the stage prefers
+        if task.stage in self._preferred:
+            local = mask & self._local[task.stage]
+            if local.any():
+                found = self._find_room(task, tables, local, now)  # where the stage prefers
         if found is None:
             found = self._find_room(task, tables, mask, now)
         if found is None:

@@ -38,7 +38,8 @@ class KvBatch:
             return self.prompts.copy()
         longest = max(int(self.outputs.max()), 1)
         steps = min(decoding / self.decode_s, 1.0) * longest
-        return self.prompts + np.minimum(self.outputs, np.floor(steps))
+        held: np.ndarray = self.prompts + np.minimum(self.outputs, np.floor(steps))
+        return held
 
 
 class PagedKv:
