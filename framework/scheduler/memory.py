@@ -138,7 +138,7 @@ class MemoryManager:
         can be made. Models named in ``allow_young`` (every model, when the task is
         ``overdue``) may go even inside their minimum residency."""
         resident = key in self.resident
-        if resident and kv_bytes <= self.free:
+        if resident and (not kv_bytes or kv_bytes <= self.free):
             return LoadPlan(key=key, load=False)
         if size + kv_bytes > self.capacity:
             return None
