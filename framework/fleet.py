@@ -98,6 +98,9 @@ def simulated_devices(groups: tuple[SimulatedDeviceGroup, ...]) -> list[DeviceSp
             properties: dict[str, object] = {"simulated": True, "group": group.name}
             if group.preset:
                 properties["preset"] = group.preset
+            for key in ("site", "zone"):
+                if getattr(group, key) is not None:
+                    properties[key] = getattr(group, key)
             if figures.get("host_bandwidth"):
                 properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
             devices.append(
@@ -144,6 +147,9 @@ def _override(device: DeviceSpec, override: DeviceOverride) -> DeviceSpec:
         )
     if override.numa_node is not None:
         changes["numa_node"] = override.numa_node
+    place = {key: getattr(override, key) for key in ("site", "zone") if getattr(override, key)}
+    if place:
+        changes["properties"] = {**device.properties, **place}
     return dataclasses.replace(device, **changes) if changes else device  # type: ignore[arg-type]
 
 

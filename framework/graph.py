@@ -33,6 +33,10 @@ class BandwidthHint:
         batchable: Whether items can be stacked into one run.
         max_batch: Largest batch the graph accepts.
         dtype: Arithmetic precision, to pick the device's peak FLOP/s.
+        kv_bytes_per_token: KV-cache bytes one token of context holds while a request runs
+            (an LLM's ``2 x layers x kv_heads x head_dim x dtype bytes``; 0 for a model with
+            no KV cache). Placement reserves it per request in blocks; the simulator grows it
+            with prompt plus generated tokens.
     """
 
     flops_per_item: float
@@ -43,9 +47,16 @@ class BandwidthHint:
     batchable: bool = True
     max_batch: int = 1
     dtype: str = "fp32"
+    kv_bytes_per_token: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("flops_per_item", "bytes_per_item", "input_bytes", "output_bytes"):
+        for name in (
+            "flops_per_item",
+            "bytes_per_item",
+            "input_bytes",
+            "output_bytes",
+            "kv_bytes_per_token",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if self.resident_bytes < 0:

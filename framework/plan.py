@@ -10,6 +10,7 @@ from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import PolicyError
 from hetero.framework.fleet import Fleet
 from hetero.framework.graph import BandwidthHint
+from hetero.framework.locality import locality_mismatch
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import VariantConfig
 from hetero.framework.topology import host_link
@@ -83,6 +84,7 @@ def hint_from_variant(variant: VariantConfig) -> BandwidthHint | None:
         batchable=variant.batchable,
         max_batch=variant.max_batch,
         dtype=variant.dtype,
+        kv_bytes_per_token=variant.kv_bytes_per_token,
     )
 
 
@@ -125,13 +127,29 @@ def plan_policy(
             costs = []
             ineligible = []
             for device in fleet.devices:
-                if device.device_class.value not in stage.device_classes:
+                misplaced = locality_mismatch(stage.locality, device)
+                if misplaced and stage.locality is not None and stage.locality.mode == "require":
+                    ineligible.append((device.id, misplaced))
+                elif device.device_class.value not in stage.device_classes:
                     ineligible.append((device.id, f"class {device.device_class.value} not allowed"))
                 elif hint.resident_bytes > device.memory_bytes * (1 - reserve):
                     ineligible.append((device.id, "model does not fit beside the memory reserve"))
                 else:
                     costs.append(cost_on(hint, device))
-            costs.sort(key=lambda cost: (cost.per_item_s, cost.device_id))
+            if not costs and stage.locality is not None and stage.locality.mode == "require":
+                raise PolicyError(
+                    f"{policy.source}: stages.{stage_name}.locality: no device satisfies it "
+                    f"({'; '.join(f'{d}: {r}' for d, r in ineligible)})"
+                )
+            preferred = {
+                device.id
+                for device in fleet.devices
+                if not locality_mismatch(stage.locality, device)
+            }
+            # Matching devices first where the stage prefers a place, then the cheapest.
+            costs.sort(
+                key=lambda cost: (cost.device_id not in preferred, cost.per_item_s, cost.device_id)
+            )
             plans.append(
                 StagePlan(
                     stage=stage_name,

@@ -26,7 +26,10 @@ def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: float
     """Modelled duration of one batch on ``device``: the roofline batch time
     (:meth:`BandwidthHint.batch_seconds`: weights read once per batch) plus a launch overhead.
     ``batch`` may be fractional (items of different sizes add up to nominal items). The one
-    formula: the sim backend reports it per run and the simulator uses it per batch."""
+    formula: the sim backend reports it per run and the simulator uses it per batch, except
+    for LLM stages (a hint with ``kv_bytes_per_token``), which the simulator models phase by
+    phase with each request's tokens (:func:`hetero.backends.sim.llm.modelled_llm_batch`); a
+    sim-backend run in the engine has no token counts and keeps this formula."""
     peak = device.peak_flops_for(hint.dtype)
     bandwidth = device.memory_bandwidth_bytes_per_s
     return LAUNCH_OVERHEAD_S + hint.batch_seconds(peak, bandwidth, batch)

@@ -23,7 +23,7 @@ from hetero.framework.simulator.report import compare, plot, table_rows
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parents[1] / "results" / "scenarios"
-SCENARIOS = ("ref-8xa100", "thrash", "mixed-fleet", "azure-conv")
+SCENARIOS = ("ref-8xa100", "thrash", "mixed-fleet", "azure-conv", "warmup")
 COLUMNS = (
     "mean_ms",
     "p50_ms",
@@ -32,6 +32,9 @@ COLUMNS = (
     "p99_minus_p50_ms",
     "ttft_p50_ms",
     "memory_utilisation_std_pct",
+    "memory_utilisation_mean_pct",
+    "kv_block_waste_pct",
+    "load_waits",
     "model_loads",
     "loads_per_hour",
     "model_evictions",

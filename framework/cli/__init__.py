@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -35,6 +36,18 @@ def _version() -> str:
         return version("hetero")
     except PackageNotFoundError:
         return "unknown"
+
+
+def _add_tune(commands: Any) -> None:
+    tune = commands.add_parser(
+        "tune", help="search the policy's scheduling knobs on the simulator (no class worse)"
+    )
+    tune.add_argument("policy", help="policy file with simulated devices")
+    tune.add_argument("--workload", required=True, help="workload YAML file")
+    tune.add_argument("--out", help="where to write the tuned policy (default POLICY.tuned.yaml)")
+    tune.add_argument("--trials", type=int, default=30, help="simulations to run (default 30)")
+    tune.add_argument("--seed", type=int, default=0, help="sampler seed: same seed, same policy")
+    tune.add_argument("--timeout", type=float, help="stop after this many seconds (not seeded)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--json", action="store_true", help="machine-readable output")
     simulate.add_argument("--plot", metavar="FILE.png", help="latency CDFs and a busy timeline")
+    _add_tune(commands)
     audit = commands.add_parser("audit", help="audit log tools")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
     audit_verify = audit_commands.add_parser("verify", help="check chain, hashes, signatures")
@@ -184,6 +198,20 @@ def main(argv: list[str] | None = None) -> int:
             if args.sandbox_command == "erase":
                 return run_sandbox_erase(out, args.policy, args.partition, args.subject)
             return run_sandbox_expire(out, args.policy)
+        if args.command == "tune":
+            from hetero.framework.cli.tune import run_tune
+
+            return run_tune(
+                out,
+                err,
+                registry,
+                args.policy,
+                args.workload,
+                args.out,
+                args.trials,
+                args.seed,
+                args.timeout,
+            )
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]
             return run_simulate(

@@ -109,6 +109,8 @@ class DeviceOverride(_Frozen):
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
     links: tuple[LinkConfig, ...] | None = None
     numa_node: NonNegativeInt | None = None
+    site: Name | None = None
+    zone: Name | None = None
 
 
 class SimulatedDeviceGroup(_Frozen):
@@ -125,6 +127,8 @@ class SimulatedDeviceGroup(_Frozen):
     vendor_name: Name | None = None
     count: PositiveInt = 1
     host: Name = "sim-host-0"
+    site: Name | None = None
+    zone: Name | None = None
     memory: PositiveBytes | None = None
     memory_bandwidth: Bandwidth | None = None
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
@@ -174,7 +178,19 @@ class VariantConfig(_Frozen):
     batchable: StrictBool = True
     max_batch: PositiveInt = 1
     dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    kv_bytes_per_token: ByteCount = 0.0
     max_delay_ms: NonNegativeFloat | None = None
+
+
+class LocalityConfig(_Frozen):
+    """Where a stage may run (data locality): every key given must match the device's;
+    ``require`` rules other devices out, ``prefer`` tries matching devices first."""
+
+    site: Name | None = None
+    zone: Name | None = None
+    host: Name | None = None
+    numa_node: NonNegativeInt | None = None
+    mode: Literal["require", "prefer"] = "require"
 
 
 class StageConfig(_Frozen):
@@ -186,6 +202,7 @@ class StageConfig(_Frozen):
     partition: Name | None = None
     model_version: StrictStr = "1"
     min_residency_s: NonNegativeFloat | None = None
+    locality: LocalityConfig | None = None
 
 
 class StepConfig(_Frozen):
@@ -218,6 +235,9 @@ class QosClass(_Frozen):
     weight: PositiveFloat
     sla_tier: Name
     queue_bound: PositiveInt = 1024
+    max_load_wait_s: PositiveFloat | None = None
+    """How long a task of this class may wait for its model to become resident before minimum
+    residency stops protecting other models (None: ``scheduler.max_load_wait_s``)."""
 
 
 class QosConfig(_Frozen):
@@ -243,6 +263,22 @@ class PlacementWeights(_Frozen):
     transfer: NonNegativeFloat = 1.0
 
 
+class WarmupConfig(_Frozen):
+    """Predictive warm-up: forecast each model's arrival rate (Holt-Winters exponential
+    smoothing over ``bin_s`` bins, a season of ``season_s``; 0 for none) and load it ahead of
+    its traffic, release it after."""
+
+    enabled: StrictBool = False
+    bin_s: PositiveFloat = 30.0
+    alpha: OpenFraction = 0.5
+    beta: Fraction = 0.3
+    gamma: Fraction = 0.5
+    season_s: NonNegativeFloat = 86400.0
+    lead_s: NonNegativeFloat = 60.0
+    load_rate_per_s: PositiveFloat = 0.05
+    release_rate_per_s: NonNegativeFloat = 0.0
+
+
 class SchedulerConfig(_Frozen):
     """Placement policy and memory-manager settings."""
 
@@ -250,6 +286,9 @@ class SchedulerConfig(_Frozen):
     weights: PlacementWeights = PlacementWeights()
     memory_reserve_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     min_residency_s: NonNegativeFloat = 30.0
+    max_load_wait_s: PositiveFloat = 10.0
+    kv_block_tokens: PositiveInt = 16
+    warmup: WarmupConfig = WarmupConfig()
     measured_smoothing: OpenFraction = 0.2
     batching: BatchingConfig = BatchingConfig()
 

@@ -7,6 +7,16 @@ cheap to bring back goes first, so one large idle model is evicted before three 
 (the simulator's thrash scenario).
 Victims are taken greedily by score until enough room is free; if idle models cannot free
 enough, nothing is evicted and the caller places elsewhere.
+
+Minimum residency is a preference, not a wall: a task that has waited its class's
+``max_load_wait_s`` for room (``overdue``) may evict idle models however young, and if busy
+models hold the room, :meth:`MemoryManager.drain_victims` names the ones to stop feeding so they
+go idle (the scheduler's side of the starvation bound, docs/scheduler.md).
+
+KV cache: a request to a model with a KV cache reserves its longest context (prompt plus
+output tokens, in whole blocks of the paged allocator) when it is placed and gives it back
+when it finishes; the reservation counts as used memory, so a device whose KV room is taken
+is skipped or waited for (admission, never preemption).
 """
 
 from __future__ import annotations
@@ -51,38 +61,51 @@ class MemoryManager:
     resident: dict[str, Residency] = field(default_factory=dict)
     loads: int = 0
     evictions: int = 0
+    kv_reserved: int = 0
+    """Bytes of KV cache reserved by requests placed here and not finished."""
     evicted: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=1024))
     """The latest evictions: (model key, seconds it had been resident)."""
 
     @property
-    def used(self) -> int:
+    def model_bytes(self) -> int:
         """Bytes held by resident models."""
         return sum(r.bytes for r in self.resident.values())
+
+    @property
+    def used(self) -> int:
+        """Bytes held by resident models and reserved KV cache."""
+        return self.model_bytes + self.kv_reserved
 
     @property
     def free(self) -> int:
         """Bytes not held."""
         return self.capacity - self.used
 
+    def _score(self, residency: Residency, now: float) -> float:
+        return (now - residency.last_used) * residency.bytes / max(residency.reload_s, MIN_RELOAD_S)
+
     def _victims(
-        self, needed: int, now: float, allow_young: frozenset[str] = frozenset()
+        self,
+        needed: int,
+        now: float,
+        allow_young: frozenset[str] = frozenset(),
+        overdue: bool = False,
+        keep: str = "",
     ) -> tuple[str, ...] | None:
         if needed <= self.free:
             return ()
         if self.eviction == "lru":
-            candidates = [r for r in self.resident.values() if r.in_flight == 0]
+            candidates = [r for r in self.resident.values() if r.in_flight == 0 and r.key != keep]
             candidates.sort(key=lambda r: r.last_used)
         else:
             candidates = [
                 r
                 for r in self.resident.values()
                 if r.in_flight == 0
-                and (r.key in allow_young or now - r.loaded_at >= r.min_residency_s)
+                and r.key != keep
+                and (overdue or r.key in allow_young or now - r.loaded_at >= r.min_residency_s)
             ]
-            candidates.sort(
-                key=lambda r: (now - r.last_used) * r.bytes / max(r.reload_s, MIN_RELOAD_S),
-                reverse=True,
-            )
+            candidates.sort(key=lambda r: self._score(r, now), reverse=True)
         freed = self.free
         chosen: list[str] = []
         for victim in candidates:
@@ -102,18 +125,47 @@ class MemoryManager:
         return min(times) if times else None
 
     def plan(
-        self, key: str, size: int, now: float, *, allow_young: frozenset[str] = frozenset()
+        self,
+        key: str,
+        size: int,
+        now: float,
+        *,
+        allow_young: frozenset[str] = frozenset(),
+        overdue: bool = False,
+        kv_bytes: int = 0,
     ) -> LoadPlan | None:
-        """What making ``key`` resident takes, or None if no room can be made. Models named in
-        ``allow_young`` may go even inside their minimum residency."""
-        if key in self.resident:
+        """What making ``key`` resident with ``kv_bytes`` of KV room takes, or None if no room
+        can be made. Models named in ``allow_young`` (every model, when the task is
+        ``overdue``) may go even inside their minimum residency."""
+        resident = key in self.resident
+        if resident and (not kv_bytes or kv_bytes <= self.free):
             return LoadPlan(key=key, load=False)
-        if size > self.capacity:
+        if size + kv_bytes > self.capacity:
             return None
-        victims = self._victims(size, now, allow_young)
+        needed = kv_bytes + (0 if resident else size)
+        victims = self._victims(needed, now, allow_young, overdue, keep=key)
         if victims is None:
             return None
-        return LoadPlan(key=key, load=True, evict=victims)
+        return LoadPlan(key=key, load=not resident, evict=victims)
+
+    def drain_victims(self, size: int, now: float, keep: str = "") -> tuple[str, ...] | None:
+        """Models that, once idle, free room for ``size`` bytes: idle ones first, then busy
+        ones by score (an overdue task asks; the scheduler stops feeding them here). None if
+        even every model gone would not make room."""
+        if size > self.capacity:
+            return None
+        ranked = sorted(
+            (r for r in self.resident.values() if r.key != keep),
+            key=lambda r: (r.in_flight > 0, -self._score(r, now), r.key),
+        )
+        freed = self.free
+        chosen: list[str] = []
+        for victim in ranked:
+            if freed >= size:
+                break
+            chosen.append(victim.key)
+            freed += victim.bytes
+        return tuple(chosen) if freed >= size else None
 
     def apply(
         self, plan: LoadPlan, size: int, reload_s: float, now: float, min_residency_s: float

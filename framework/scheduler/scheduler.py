@@ -19,6 +19,7 @@ import numpy as np
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.errors import HeteroError, NoEligibleDeviceError
 from hetero.framework.graph import BandwidthHint
+from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
@@ -65,6 +66,8 @@ class Dispatch:
     decision: PlacementDecision
     estimate_s: float
     backlog_s: float = 0.0  # what it added to its device's backlog (estimate / run slots)
+    kv_bytes: int = 0
+    """KV cache reserved on the device for this task, given back when it completes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,7 @@ class _Tables:
     limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
     slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
     resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
+    draining: np.ndarray  # devices where this model gets no new work: an overdue task waits
 
     @classmethod
     def fresh(cls, costs: StageCosts, count: int) -> _Tables:
@@ -101,6 +105,7 @@ class _Tables:
             limit=np.full(count, costs.hint.max_batch, np.int64),
             slots=np.ones(count, np.int64),
             resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
+            draining=np.zeros(count, bool),
         )
 
     def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
@@ -194,6 +199,33 @@ class Scheduler:
             name: StageQueue(name, classes, spec.qos.aging_per_second)
             for name in sorted(spec.stages)
         }
+        # How long a class's task waits for room before minimum residency stops protecting
+        # other models; plain LRU (the comparison baseline) has no residency to override.
+        self.load_wait_s = {
+            name: c.max_load_wait_s or spec.scheduler.max_load_wait_s
+            for name, c in spec.qos.classes.items()
+        }
+        # Data locality per stage: which devices match, and whether that is required.
+        self._misplaced = {
+            name: [locality_mismatch(stage.locality, d) for d in self.devices]
+            for name, stage in spec.stages.items()
+        }
+        self._local = {
+            name: np.array([not reason for reason in reasons], bool)
+            for name, reasons in self._misplaced.items()
+        }
+        self._required = {
+            name: stage.locality is not None and stage.locality.mode == "require"
+            for name, stage in spec.stages.items()
+        }
+        self._preferred = {
+            name
+            for name, stage in spec.stages.items()
+            if stage.locality is not None and stage.locality.mode == "prefer"
+        }
+        self._bounded = eviction != "lru"
+        self.kv_block_tokens = spec.scheduler.kv_block_tokens
+        self._drains: dict[int, tuple[int, tuple[str, ...]]] = {}
         self.weights = spec.scheduler.weights
         w = self.weights
         self._unit_weights = (w.queue, w.load, w.compute, w.transfer) == (1.0, 1.0, 1.0, 1.0)
@@ -246,6 +278,7 @@ class Scheduler:
         fresh.pending[:] = old.pending
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
+        fresh.draining[:] = old.draining
         for index in range(len(self.devices)):
             fit = self._fits.get((stage, index))
             if fit is not None:
@@ -343,6 +376,8 @@ class Scheduler:
     def cancel(self, task: StageTask) -> None:
         """Drop a queued task (lazily)."""
         self.queues[task.stage].cancel(task)
+        if self._drains:
+            self._release_drains(task.id)
 
     # --- health and breakers -----------------------------------------------------------------
 
@@ -429,30 +464,53 @@ class Scheduler:
         }
         return index, terms
 
-    def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
-        key = f"{task.stage}/{task.variant}"
-        tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
-        costs = tables.costs
+    def _eligible(
+        self, task: StageTask, costs: StageCosts, now: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Devices that may take ``task`` now (runnable, healthy, where its locality requires,
+        breaker not open, not failed by it), and the breaker-blocked ones."""
         base = self._base_masks.get(costs.key)
         if base is None:
-            base = self._base_masks[costs.key] = costs.runnable & self.healthy
+            base = costs.runnable & self.healthy
+            if self._required[task.stage]:
+                base &= self._local[task.stage]
+            self._base_masks[costs.key] = base
         blocked = self._refresh_breakers(task.stage, now)
         mask = base & ~blocked if self._not_closed[task.stage] else base.copy()
         for device_id in task.excluded:
             index = self.fleet.index.get(device_id)
             if index is not None:
                 mask[index] = False
+        return mask, blocked
+
+    def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
+        key = f"{task.stage}/{task.variant}"
+        tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
+        costs = tables.costs
+        mask, blocked = self._eligible(task, costs, now)
         if not mask.any():
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
-        # where priority and aging decide what goes next.
+        # where priority and aging decide what goes next. A model being drained for an
+        # overdue task gets no new work there.
         mask &= tables.pending < tables.limit
-        found = self._find_room(task, tables, mask, now)
+        if self._drains:
+            mask &= ~tables.draining
+        found = None
+        if task.stage in self._preferred:
+            local = mask & self._local[task.stage]
+            if local.any():
+                found = self._find_room(task, tables, local, now)  # where the stage prefers
+        if found is None:
+            found = self._find_room(task, tables, mask, now)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
+        self._end_drain(index)
         manager = self.memory[index]
+        kv_bytes = self.kv_bytes(task, tables)
+        manager.kv_reserved += kv_bytes
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
@@ -502,7 +560,19 @@ class Scheduler:
         self.stats.counts["evictions"] += len(plan.evict)
         task.attempts += 1
         device_id = self.devices[index].id
-        return Dispatch(task, device_id, costs.key, plan, decision, estimate, queued_behind)
+        return Dispatch(
+            task, device_id, costs.key, plan, decision, estimate, queued_behind, kv_bytes
+        )
+
+    def kv_bytes(self, task: StageTask, tables: _Tables) -> int:
+        """The KV cache ``task`` holds at its longest, in whole blocks of the paged allocator
+        (its last block partly empty: the internal fragmentation a block size costs)."""
+        per_token = tables.costs.hint.kv_bytes_per_token
+        if not task.kv_tokens or not per_token:
+            return 0
+        block = self.kv_block_tokens
+        blocks = -(-task.kv_tokens // block)
+        return int(blocks * block * per_token)
 
     def _find_room(
         self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float
@@ -515,26 +585,87 @@ class Scheduler:
         model, which would only move the thrash).
         """
         costs = tables.costs
+        kv_bytes = self.kv_bytes(task, tables)
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
+        overdue = self._bounded and self.overdue(task, now)
         for allow_young in passes:
             candidates = mask.copy()
             while (chosen := self._choose(task, tables, candidates)) is not None:
                 index, terms = chosen
                 plan = self.memory[index].plan(
-                    costs.key, int(tables.resident_bytes[index]), now, allow_young=allow_young
+                    costs.key,
+                    int(tables.resident_bytes[index]),
+                    now,
+                    allow_young=allow_young,
+                    overdue=overdue,
+                    kv_bytes=kv_bytes,
                 )
                 if plan is not None:
                     return index, terms, plan
                 candidates[index] = False
+        if overdue:
+            self._start_drain(task, tables, mask, now, kv_bytes)
         return None
+
+    def overdue(self, task: StageTask, now: float) -> bool:
+        """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
+        on minimum residency no longer protects other models from it."""
+        return now >= self.overdue_at(task)
+
+    def overdue_at(self, task: StageTask) -> float:
+        """When ``task`` becomes overdue (the same sum as the wake-up time, so a wake-up at
+        that instant finds it overdue whatever the rounding)."""
+        return task.enqueued_at + self.load_wait_s[task.qos_class]
+
+    def _start_drain(
+        self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float, kv_bytes: int
+    ) -> None:
+        """Busy models hold the room an overdue task needs: on the best device without a drain
+        under way, stop feeding the models whose going makes room, so they turn idle within
+        the work already promised to them (at most one batch each)."""
+        if any(owner == task.id for owner, _ in self._drains.values()):
+            return
+        candidates = mask.copy()
+        for index in self._drains:
+            candidates[index] = False
+        costs = tables.costs
+        while (chosen := self._choose(task, tables, candidates)) is not None:
+            index = chosen[0]
+            manager = self.memory[index]
+            resident = costs.key in manager.resident
+            needed = kv_bytes + (0 if resident else costs.hint.resident_bytes)
+            victims = manager.drain_victims(needed, now, keep=costs.key)
+            if victims is not None:
+                self._drains[index] = (task.id, victims)
+                for victim in victims:
+                    self.tables[victim].draining[index] = True
+                self.stats.counts["drains"] += 1
+                return
+            candidates[index] = False
+
+    def _end_drain(self, index: int) -> None:
+        drain = self._drains.pop(index, None)
+        if drain is not None:
+            for victim in drain[1]:
+                self.tables[victim].draining[index] = False
+            self._unblock()  # the next overdue task may start its drain at once
+
+    def _release_drains(self, task_id: int) -> None:
+        """The task a drain was for left the queue (placed, rejected, cancelled)."""
+        for index, (owner, _) in list(self._drains.items()):
+            if owner == task_id:
+                self._end_drain(index)
 
     def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
         reasons = {}
         for index, device in enumerate(self.devices):
+            misplaced = self._misplaced[task.stage][index]
             if costs.why_not[index]:
                 reasons[device.id] = costs.why_not[index]
+            elif misplaced and self._required[task.stage]:
+                reasons[device.id] = misplaced
             elif not self.healthy[index]:
                 reasons[device.id] = "unhealthy"
             elif blocked[index]:
@@ -566,14 +697,19 @@ class Scheduler:
             assert task is not None
             outcome = self._place(task, now)
             if outcome is not None:
+                if self._drains:
+                    self._release_drains(task.id)
                 return outcome
             best.push(task)  # same key: it keeps its place
             self._blocked_stages.add(best.stage)
             # Nothing completes to unblock it if the room is held by idle models still inside
-            # their minimum residency: retry once the first of them may go.
+            # their minimum residency: retry once the first of them may go, or once the task
+            # is overdue and may evict them anyway.
             waits = [m.next_evictable(now) for m in self.memory]
+            if self._bounded:
+                waits.append(self.overdue_at(task))
             self._retry_blocked_at = min(
-                [w for w in waits if w is not None] + [self._retry_blocked_at]
+                [w for w in waits if w is not None and w > now] + [self._retry_blocked_at]
             )
 
     # --- completion --------------------------------------------------------------------------
@@ -595,7 +731,9 @@ class Scheduler:
         tables.pending[index] = max(0, tables.pending[index] - 1)
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
         self.backlog[index] = max(0.0, self.backlog[index] - dispatch.backlog_s)
-        self.memory[index].end(dispatch.model_key, now)
+        manager = self.memory[index]
+        manager.kv_reserved = max(0, manager.kv_reserved - dispatch.kv_bytes)
+        manager.end(dispatch.model_key, now)
         if not judge:
             tables.refresh(index)
             self._unblock()
@@ -636,6 +774,58 @@ class Scheduler:
         )
         tables.resident[index] = True
         tables.refresh(index)
+        return True
+
+    def prefetch(self, model_key: str, evictable: frozenset[str]) -> tuple[str, LoadPlan] | None:
+        """Load ``model_key`` ahead of its traffic (predictive warm-up) on the device where it
+        loads fastest and room can be made by evicting idle models named in ``evictable`` (even
+        young ones: the forecaster judged them colder). None when no device has such room or
+        it is already resident somewhere. The caller carries out the plan (the load takes its
+        time on the device)."""
+        tables = self.tables[model_key]
+        costs = tables.costs
+        if tables.resident.any():
+            return None
+        now = self.clock.now()
+        runnable = np.flatnonzero(costs.runnable & self.healthy)
+        for index in sorted(runnable.tolist(), key=lambda i: (float(costs.load_s[i]), i)):
+            manager = self.memory[index]
+            plan = manager.plan(model_key, costs.hint.resident_bytes, now, allow_young=evictable)
+            if plan is None or not all(victim in evictable for victim in plan.evict):
+                continue
+            for victim in plan.evict:
+                self.tables[victim].resident[index] = False
+                self.tables[victim].refresh(index)
+            manager.apply(
+                plan,
+                costs.hint.resident_bytes,
+                float(costs.load_s[index]),
+                now,
+                costs.min_residency_s,
+            )
+            tables.resident[index] = True
+            tables.refresh(index)
+            self.stats.counts["loads"] += 1
+            self.stats.counts["prefetches"] += 1
+            self.stats.counts["evictions"] += len(plan.evict)
+            return self.devices[index].id, plan
+        return None
+
+    def release(self, device_id: str, model_key: str) -> bool:
+        """Evict an idle ``model_key`` from ``device_id`` (its traffic is forecast to have
+        ended); False if it is not resident there or has work in flight."""
+        index = self.fleet.index[device_id]
+        manager = self.memory[index]
+        residency = manager.resident.get(model_key)
+        if residency is None or residency.in_flight:
+            return False
+        now = self.clock.now()
+        manager.apply(LoadPlan(key=model_key, load=False, evict=(model_key,)), 0, 0.0, now, 0.0)
+        self.tables[model_key].resident[index] = False
+        self.tables[model_key].refresh(index)
+        self.stats.counts["evictions"] += 1
+        self.stats.counts["releases"] += 1
+        self._unblock()
         return True
 
     def _unblock(self) -> None:

@@ -39,6 +39,8 @@ class StageTask:
         excluded: Devices that already failed it; placement avoids them.
         failures: What each of those devices raised, for the final error.
         attempts: Placements tried so far.
+        kv_tokens: Tokens of context the request holds at its longest (prompt plus output),
+            for a stage whose model keeps a KV cache: placement reserves their blocks.
     """
 
     request_id: str
@@ -56,5 +58,6 @@ class StageTask:
     cancelled: bool = False
     queued: bool = False
     enqueued_at: float = 0.0
+    kv_tokens: int = 0
     failures: dict[str, str] = field(default_factory=dict)
     id: int = field(default_factory=lambda: next(_task_ids))

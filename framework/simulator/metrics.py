@@ -27,6 +27,8 @@ class RunMetrics:
     warmup_s: float = 0.0
     ttft: list[float] = field(default_factory=list)
     lowest_class_waits: list[float] = field(default_factory=list)
+    load_waits: int = 0
+    """Tasks placed where their model was not loaded yet (they wait for a load)."""
     completed: int = 0
     shed: int = 0
     failed: int = 0
@@ -36,7 +38,10 @@ class RunMetrics:
     first_arrival: float = 0.0
     last_completion: float = 0.0
     memory_std_integral: float = 0.0
+    memory_mean_integral: float = 0.0
     observed_time: float = 0.0
+    kv_allocated_integral: float = 0.0
+    kv_waste_integral: float = 0.0
     busy: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     wall_s: float = 0.0
     events: int = 0
@@ -45,7 +50,14 @@ class RunMetrics:
         """Fold in ``dt`` seconds at this per-device memory utilisation (0-1)."""
         if dt > 0 and utilisation.size:
             self.memory_std_integral += float(np.std(utilisation)) * dt
+            self.memory_mean_integral += float(np.mean(utilisation)) * dt
             self.observed_time += dt
+
+    def observe_kv(self, allocated: float, held: float, dt: float) -> None:
+        """Fold in ``dt`` seconds of KV cache allocated in blocks, ``held`` of it by tokens."""
+        if dt > 0:
+            self.kv_allocated_integral += allocated * dt
+            self.kv_waste_integral += (allocated - held) * dt
 
     def summary(self) -> dict[str, Any]:
         """The figures the issue asks for, per policy. Latency figures, attainment, loads and
@@ -81,6 +93,13 @@ class RunMetrics:
             "memory_utilisation_std_pct": 100.0 * self.memory_std_integral / self.observed_time
             if self.observed_time
             else 0.0,
+            "memory_utilisation_mean_pct": 100.0 * self.memory_mean_integral / self.observed_time
+            if self.observed_time
+            else 0.0,
+            "kv_block_waste_pct": 100.0 * self.kv_waste_integral / self.kv_allocated_integral
+            if self.kv_allocated_integral
+            else None,
+            "load_waits": self.load_waits,
             "model_loads": self.loads,
             "model_evictions": self.evictions,
             "loads_per_hour": self.loads / hours if hours else float("nan"),

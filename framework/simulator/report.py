@@ -15,13 +15,16 @@ from hetero.framework.simulator.workload import Workload
 __all__ = ["ALIASES", "compare", "plot"]
 
 # Names users type, and the (placement, eviction) each stands for. "lru" is the cost model with
-# plain least-recently-used eviction and no minimum residency (the thrash scenario's baseline).
+# plain least-recently-used eviction and no minimum residency (the thrash scenario's baseline);
+# "predictive" is hetero with the forecast-driven warm-up on (scheduler.warmup), whatever the
+# policy's ``enabled`` says.
 ALIASES = {
     "hetero": ("cost_model", "cost_aware"),
     "cost_model": ("cost_model", "cost_aware"),
     "round_robin": ("round_robin", "cost_aware"),
     "least_connections": ("least_connections", "cost_aware"),
     "lru": ("cost_model", "lru"),
+    "predictive": ("cost_model", "predictive"),
 }
 
 

@@ -3,24 +3,31 @@ breakers as the engine, on simulated devices and a virtual clock.
 
 Events are arrivals, batch completions and batch timers. After each event the scheduler
 dispatches what it can; each device runs one batch at a time, taking the model's load time first
-when it is not resident (evictions follow the scheduler's plans). A batch lasts the modelled
-time of the sim backend (:func:`modelled_batch_seconds`), scaled by the requests' sizes against
-the workload's nominal size (text tokens, image count, audio seconds).
+when it is not resident (evictions follow the scheduler's plans; a load lasts the modelled time
+times a draw from Alibaba's measured spread). A batch lasts the modelled time of the sim backend
+(:func:`modelled_batch_seconds`), scaled by the requests' sizes against the workload's nominal
+size (text tokens, image count, audio seconds); an LLM stage (its hint has
+``kv_bytes_per_token``) is modelled phase by phase (:func:`modelled_llm_batch`) and its KV cache
+grows in paged blocks while it runs (:mod:`kv`).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.backends.sim.backend import modelled_batch_seconds
+from hetero.backends.sim.backend import LAUNCH_OVERHEAD_S, modelled_batch_seconds
+from hetero.backends.sim.calibration import load_multiplier
+from hetero.backends.sim.llm import modelled_llm_batch
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
+from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
 from hetero.framework.scheduler import (
     Batcher,
@@ -32,12 +39,14 @@ from hetero.framework.scheduler import (
     VirtualClock,
 )
 from hetero.framework.scheduler.admission import StageAdmission
+from hetero.framework.scheduler.warmup import PredictiveWarmup
 from hetero.framework.simulator.arrivals import (
     RequestSource,
     check_against_policy,
     open_loop_requests,
     request_from_kind,
 )
+from hetero.framework.simulator.kv import KvBatch, PagedKv
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
 from hetero.framework.stages import Pipeline
@@ -45,7 +54,7 @@ from hetero.framework.topology import Topology
 
 __all__ = ["simulate"]
 
-ARRIVAL, BATCH_DONE, TIMER = 0, 1, 2
+ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -65,6 +74,7 @@ class _DeviceSim:
     spec: DeviceSpec
     batchers: dict[str, Batcher[Dispatch]] = field(default_factory=dict)
     loaded: set[str] = field(default_factory=set)
+    prefetch: list[str] = field(default_factory=list)  # warm-up loads not started yet
     busy: bool = False
 
 
@@ -84,6 +94,12 @@ class _Simulation:
         self.scheduler = Scheduler(
             policy, devices, topology, self.clock, placement=placement, eviction=eviction
         )
+        warmup = policy.spec.scheduler.warmup
+        self.warmup = (
+            PredictiveWarmup(self.scheduler, warmup)
+            if warmup.enabled or eviction == "predictive"
+            else None
+        )
         self.admission = StageAdmission(policy)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
         self.events: list[tuple[float, int, int, object]] = []
@@ -102,6 +118,8 @@ class _Simulation:
         self.wake_at = float("inf")
         self.loads_at_warmup: int | None = None
         self.evictions_at_warmup = 0
+        self.kv = PagedKv(spec.scheduler.kv_block_tokens)
+        self.load_draws = random.Random(workload.spec.seed)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -121,6 +139,8 @@ class _Simulation:
             for request in open_loop_requests(self.workload, self.policy):
                 self.push(request.arrival, ARRIVAL, (request, None))
         self.metrics.first_arrival = self.events[0][0] if self.events else 0.0
+        if self.warmup is not None:
+            self.push(self.warmup.next_tick, WARMUP, None)
         self.last_memory_time = self.metrics.first_arrival
         while self.events:
             when, _, kind, payload = heapq.heappop(self.events)
@@ -134,6 +154,10 @@ class _Simulation:
                 self._arrive(*payload)  # type: ignore[misc]
             elif kind == BATCH_DONE:
                 self._batch_done(*payload)  # type: ignore[misc]
+            elif kind == WARMUP:
+                self._warm_up(when)
+            elif kind == LOAD_DONE:
+                self._load_done(*payload)  # type: ignore[misc]
             self._dispatch()
             self._start_batches()
             retry = self.scheduler.next_retry_at
@@ -152,8 +176,17 @@ class _Simulation:
         if when < self.workload.spec.warmup_s:
             self.last_memory_time = when
             return
-        used = np.array([m.used for m in self.scheduler.memory], dtype=float)
-        self.metrics.observe_memory(used / self.capacity, when - self.last_memory_time)
+        dt = when - self.last_memory_time
+        used = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
+        if self.kv.running:
+            allocated_all = held_all = 0.0
+            for index, device_id in enumerate(self.devices):
+                allocated, held = self.kv.usage(device_id, when)
+                used[index] += allocated
+                allocated_all += allocated
+                held_all += held
+            self.metrics.observe_kv(allocated_all, held_all, dt)
+        self.metrics.observe_memory(used / self.capacity, dt)
         self.last_memory_time = when
 
     def _next_closed_loop(self, client: int, now: float) -> None:
@@ -175,6 +208,9 @@ class _Simulation:
             self.metrics.offered_by_class[qos] += 1
         pipeline = self.policy.pipeline_for_route(request.route)
         first = pipeline.steps[pipeline.order[0]].stage
+        if self.warmup is not None:
+            stages = sorted({step.stage for step in pipeline.steps.values()})
+            self.warmup.observe([f"{stage}/full" for stage in stages], request.arrival)
         scale = self._request_scale(first, request)
         variants = spec.stages[first].variants
         try:  # the engine's admission, judged against the simulated queue and cost model
@@ -231,6 +267,7 @@ class _Simulation:
                 deadline=run.request.arrival + self.metrics.deadlines[run.qos],
                 inputs=tuple(run.done[d] for d in run.pipeline.steps[step].after),
                 enqueued_at=self.clock.now(),
+                kv_tokens=run.request.text_tokens + run.request.output_tokens,
             )
             try:
                 self.scheduler.enqueue(task)
@@ -252,7 +289,11 @@ class _Simulation:
             device = self.devices[outcome.device_id]
             for victim in outcome.load.evict:
                 device.loaded.discard(victim)
+                if victim in device.prefetch:
+                    device.prefetch.remove(victim)
             key = outcome.model_key
+            if key not in device.loaded and outcome.task.arrival >= self.workload.spec.warmup_s:
+                self.metrics.load_waits += 1
             if key not in device.batchers:
                 size, delay_s = self.scheduler.batching_for(key)
                 device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_s)
@@ -269,6 +310,7 @@ class _Simulation:
                 continue
             ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
             if not ready:
+                self._start_prefetch(device)
                 continue
             _, key = min(ready)
             batch = device.batchers[key].take(now)
@@ -318,14 +360,23 @@ class _Simulation:
         index = self.scheduler.fleet.index[device.spec.id]
         duration = 0.0
         if key not in device.loaded:
-            duration += float(tables.costs.load_s[index])
+            duration += self._load_s(key, index)
             device.loaded.add(key)
-        items = float(sum(self._scale(d) for d in batch))
+            if key in device.prefetch:
+                device.prefetch.remove(key)
         # Inputs move before compute, in parallel: the slowest one counts.
         duration += max(self._transfer_s(d, index) for d in batch)
-        run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's own formula
-        duration += run_s
         now = self.clock.now()
+        kv_batch = self._llm_batch(hint, device.spec, key, batch, now + duration)
+        if kv_batch is None:
+            items = float(sum(self._scale(d) for d in batch))
+            run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's formula
+            prefill_of = None
+        else:
+            run_s = LAUNCH_OVERHEAD_S + kv_batch.prefill_s + kv_batch.decode_s
+            prefill_of = duration + kv_batch.prefill_s
+            self.kv.add(device.spec.id, kv_batch)
+        duration += run_s
         for dispatch in batch:
             if (
                 dispatch.task.qos_class == self.lowest_class
@@ -341,16 +392,90 @@ class _Simulation:
                 and stage.modality == "text"
                 and run.request.output_tokens
             ):
-                total = run.request.text_tokens + run.request.output_tokens
-                prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
+                if prefill_of is None:
+                    total = run.request.text_tokens + run.request.output_tokens
+                    prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
+                else:
+                    prefill = prefill_of
                 self.metrics.ttft.append(now + prefill - run.request.arrival)
         device.busy = True
         self.metrics.busy[device.spec.id].append((now, duration))
-        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s))
+        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s, kv_batch))
 
-    def _batch_done(self, device_id: str, batch: list[Dispatch], run_s: float) -> None:
+    def _load_s(self, key: str, index: int) -> float:
+        """One load: the modelled time times a draw from Alibaba's measured spread."""
+        draw = load_multiplier(self.load_draws.random())
+        return float(self.scheduler.tables[key].costs.load_s[index]) * draw
+
+    def _warm_up(self, now: float) -> None:
+        """A forecast bin closed: queue the warm-up's loads, forget what it released."""
+        assert self.warmup is not None
+        loads, released = self.warmup.tick(now)
+        for load in loads:
+            device = self.devices[load.device_id]
+            for victim in load.plan.evict:
+                device.loaded.discard(victim)
+                if victim in device.prefetch:
+                    device.prefetch.remove(victim)
+            device.prefetch.append(load.plan.key)
+        for device_id, key in released:
+            self.devices[device_id].loaded.discard(key)
+        if self.events:  # keep forecasting while anything is still to happen
+            self.push(self.warmup.next_tick, WARMUP, None)
+
+    def _start_prefetch(self, device: _DeviceSim) -> None:
+        """An idle device with nothing ready runs a warm-up load (never ahead of work)."""
+        index = self.scheduler.fleet.index[device.spec.id]
+        while device.prefetch:
+            key = device.prefetch.pop(0)
+            if key in device.loaded or not self.scheduler.tables[key].resident[index]:
+                continue
+            duration = self._load_s(key, index)
+            device.busy = True
+            now = self.clock.now()
+            self.metrics.busy[device.spec.id].append((now, duration))
+            self.push(now + duration, LOAD_DONE, (device.spec.id, key))
+            return
+
+    def _load_done(self, device_id: str, key: str) -> None:
         device = self.devices[device_id]
         device.busy = False
+        index = self.scheduler.fleet.index[device_id]
+        if self.scheduler.tables[key].resident[index]:  # not evicted while it loaded
+            device.loaded.add(key)
+
+    def _llm_batch(
+        self, hint: BandwidthHint, device: DeviceSpec, key: str, batch: list[Dispatch], start: float
+    ) -> KvBatch | None:
+        """The phases and KV cache of an LLM batch (a stage with a KV cache), else None."""
+        if not hint.kv_bytes_per_token:
+            return None
+        stage = key.split("/", 1)[0]
+        spec = self.workload.spec
+        nominal = spec.stage_nominal.get(stage, spec.nominal).text_tokens
+        prompts, outputs = [], []
+        for dispatch in batch:
+            run = self.runs.get(int(dispatch.task.request_id))
+            request = run.request if run is not None else None
+            prompts.append(request.text_tokens if request is not None else int(nominal))
+            outputs.append(request.output_tokens if request is not None else 0)
+        times = modelled_llm_batch(hint, device, prompts, outputs, nominal)
+        return KvBatch(
+            start=start,
+            prefill_s=times.prefill_s,
+            decode_s=times.decode_s,
+            prompts=np.asarray(prompts, dtype=float),
+            outputs=np.asarray(outputs, dtype=float),
+            bytes_per_token=hint.kv_bytes_per_token,
+        )
+
+    def _batch_done(
+        self, device_id: str, batch: list[Dispatch], run_s: float, kv_batch: KvBatch | None
+    ) -> None:
+        device = self.devices[device_id]
+        device.busy = False
+        if kv_batch is not None:
+            self.kv.remove(device_id, kv_batch)
         now = self.clock.now()
         for dispatch in batch:
             self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=len(batch))

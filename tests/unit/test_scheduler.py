@@ -260,8 +260,10 @@ def test_measured_runs_correct_the_estimate() -> None:
 
 
 def test_young_models_yield_to_a_starved_stage_but_never_their_last_copy() -> None:
-    text = POLICY.replace("resident_bytes: 16 GB", "resident_bytes: 45 GB").replace(
-        "    min_residency_s: 0\n", "    min_residency_s: 30\n"
+    text = (
+        POLICY.replace("resident_bytes: 16 GB", "resident_bytes: 45 GB")
+        .replace("    min_residency_s: 0\n", "    min_residency_s: 30\n")
+        .replace("min_residency_s: 30}", "min_residency_s: 30, max_load_wait_s: 60}")
     )
     scheduler, clock = make(policy_text=text)
     held = [place(scheduler, task("big")) for _ in range(8)]

@@ -123,16 +123,25 @@ def test_closed_loop_and_gamma_arrivals(tmp_path: Path) -> None:
     assert gaps.std() / gaps.mean() == pytest.approx(3, rel=0.15)
 
 
-def test_cost_aware_eviction_loads_far_less_than_lru_under_skew(tmp_path: Path) -> None:
+def test_cost_aware_eviction_loads_less_than_lru_and_the_residency_bound_trades_loads_for_tail(
+    tmp_path: Path,
+) -> None:
     scenario = REPO / "benchmarks" / "scenarios" / "thrash"
-    policy = load_policy_text((scenario / "policy.yaml").read_text(), "thrash.yaml")
-    text = (scenario / "workload.yaml").read_text().replace("duration_s: 1800", "duration_s: 300")
+    text = (scenario / "policy.yaml").read_text()
+    workload_text = (scenario / "workload.yaml").read_text()
     path = tmp_path / "thrash.yaml"
-    path.write_text(text)
+    path.write_text(workload_text.replace("duration_s: 1800", "duration_s: 300"))
     workload = load_workload(path)
+    policy = load_policy_text(text, "thrash.yaml")
     fleet = resolve_fleet(policy, Registry(use_entry_points=False))
-    hetero, lru = compare(policy, fleet, workload, ["hetero", "lru"])
-    assert hetero.loads * 5 < lru.loads
+    hetero, lru = (m.summary() for m in compare(policy, fleet, workload, ["hetero", "lru"]))
+    assert hetero["model_loads"] < 0.8 * lru["model_loads"]
+    assert hetero["lowest_class_max_wait_s"] <= lru["lowest_class_max_wait_s"]
+    # A residency wall (the bound as long as min residency) loads far less, waits far longer.
+    walled = load_policy_text(text.replace("max_load_wait_s: 1.75", "max_load_wait_s: 45"), "w")
+    (wall,) = (m.summary() for m in compare(walled, fleet, workload, ["hetero"]))
+    assert wall["model_loads"] * 5 < lru["model_loads"]
+    assert wall["lowest_class_max_wait_s"] > 5 * hetero["lowest_class_max_wait_s"]
 
 
 def test_trace_reader_names_file_and_line_of_bad_rows(tmp_path: Path) -> None:

@@ -1,0 +1,43 @@
+"""``hetero tune``: the same seed gives the same tuned policy, it validates, and no QoS class
+is worse under it than under the shipped one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from hetero.framework.fleet import resolve_fleet
+from hetero.framework.policy import load_policy_text
+from hetero.framework.registry import Registry
+from hetero.framework.simulator import load_workload
+from hetero.framework.simulator.tune import _no_class_worse, tune
+
+REPO = Path(__file__).resolve().parents[2]
+THRASH = REPO / "benchmarks" / "scenarios" / "thrash"
+
+
+def test_tuning_is_seeded_validates_and_keeps_every_class(tmp_path: Path) -> None:
+    text = (THRASH / "policy.yaml").read_text()
+    data = yaml.safe_load(text)
+    policy = load_policy_text(text, "thrash.yaml")
+    workload_text = (
+        (THRASH / "workload.yaml").read_text().replace("duration_s: 1800", "duration_s: 240")
+    )
+    path = tmp_path / "thrash.yaml"
+    path.write_text(workload_text)
+    workload = load_workload(path)
+    fleet = resolve_fleet(policy, Registry(use_entry_points=False))
+    first = tune(data, "thrash.yaml", fleet, workload, trials=3, seed=3)
+    second = tune(data, "thrash.yaml", fleet, workload, trials=3, seed=3)
+    assert first.text == second.text and first.values == second.values
+    load_policy_text(first.text, "tuned.yaml")
+    assert _no_class_worse(first.before, first.after)
+    assert first.after["p99_ms"] <= first.before["p99_ms"]
+
+
+def test_a_class_with_lower_attainment_or_a_longer_tail_is_worse() -> None:
+    before = {"slo_attainment": {"a": 0.9}, "class_p99_s": {"a": 1.0}}
+    assert _no_class_worse(before, {"slo_attainment": {"a": 0.95}, "class_p99_s": {"a": 1.005}})
+    assert not _no_class_worse(before, {"slo_attainment": {"a": 0.85}, "class_p99_s": {"a": 0.5}})
+    assert not _no_class_worse(before, {"slo_attainment": {"a": 0.95}, "class_p99_s": {"a": 1.2}})
