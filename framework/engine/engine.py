@@ -29,7 +29,7 @@ from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.pacing import Pace, Shares
-from hetero.framework.engine.requests import EngineResult, RequestState
+from hetero.framework.engine.requests import EngineResult, RequestState, StepTrace
 from hetero.framework.errors import (
     HeteroError,
     NoEligibleDeviceError,
@@ -920,6 +920,7 @@ class Engine:
                     device_id, outcome.output, _size(outcome.output)
                 )
                 state.devices[task.step] = device_id
+                state.steps.append(_step_trace(outcome))
                 error = None if state.done() else self._continue(state)
             elif device_fault:
                 error = self._retry(state, task, device_id, outcome.error)
@@ -951,6 +952,7 @@ class Engine:
             degraded=state.variant == "light" and had_light,
             latency_s=self.clock.now() - state.arrival,
             variant=state.variant,
+            steps=tuple(state.steps),
         )
 
     def _continue(self, state: RequestState) -> BaseException | None:
@@ -1000,6 +1002,24 @@ class Engine:
                 device.id: sorted(self.scheduler.memory[index].resident)
                 for index, device in enumerate(self.fleet.devices)
             }
+
+
+def _step_trace(outcome: BatchOutcome) -> StepTrace:
+    dispatch = outcome.dispatch
+    task = dispatch.task
+    return StepTrace(
+        step=task.step,
+        stage=task.stage,
+        device=dispatch.device_id,
+        variant=task.variant,
+        queued_at=task.enqueued_at,
+        started_at=outcome.started_at,
+        load_s=outcome.load_s,
+        run_s=outcome.run_s,
+        batch_size=outcome.batch_size,
+        estimate_s=dispatch.estimate_s,
+        loaded=dispatch.load.load,
+    )
 
 
 def describe_failure(err: BaseException) -> str:

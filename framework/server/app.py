@@ -15,6 +15,8 @@ from hetero.framework.server.middleware import BodyLimit, HostGuard, RequestMetr
 from hetero.framework.server.openapi import describe_openapi
 from hetero.framework.server.routes_policy import add_policy_routes
 from hetero.framework.server.serving import Serving
+from hetero.framework.server.tracing_middleware import RequestTracing
+from hetero.framework.tracing import build_tracer
 
 __all__ = ["create_app", "device_list"]
 
@@ -60,4 +62,8 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
         allowed_origins=spec.server.allowed_origins,
     )
     app.add_middleware(RequestMetrics, metrics=runtime.metrics)
+    tracer = build_tracer(spec.tracing)
+    app.state.tracer = tracer
+    app.add_middleware(RequestTracing, tracer=tracer)  # outermost: every answer has its ids
+    app.router.on_shutdown.append(tracer.shutdown)  # exports what is buffered
     return app
