@@ -417,6 +417,12 @@ class Engine:
 
     # --- requests ------------------------------------------------------------------------------
 
+    def use_policy(self, policy: Policy) -> None:
+        """Judge requests submitted from now on by ``policy`` (deadlines, retry and degrade
+        settings); its stages and pipelines must be those the engine was built with."""
+        self.policy = policy
+        self.admission.policy = policy
+
     def submit(
         self,
         route: str,

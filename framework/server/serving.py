@@ -34,11 +34,12 @@ from hetero.framework.engine import (
 from hetero.framework.engine.heap import release_free_memory
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
-from hetero.framework.policy.schema import StageConfig
+from hetero.framework.policy.schema import PolicySpec, ServerConfig, ServerLimits, StageConfig
 from hetero.framework.registry import Registry, default_registry
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.reload import pinned_policy
 from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
 
@@ -159,10 +160,7 @@ class Serving:
         require_all_stages: bool = False,
         metrics: Metrics | None = None,
     ) -> None:
-        self.policy = policy
-        self.spec = policy.spec
-        self.server = policy.spec.server
-        self.limits = self.server.limits
+        self.current_policy = policy  # what a new request gets (swapped by a reload)
         self.gate = gate
         self.sandboxes = sandboxes
         self.metrics = metrics or Metrics()
@@ -185,6 +183,36 @@ class Serving:
         self._close_lock = threading.Lock()
         self.started_at = time.time()
         self.load_s = 0.0
+
+    # --- the policy ----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        """The policy of the request being handled (pinned when it started), else the
+        current one."""
+        return pinned_policy() or self.current_policy
+
+    @property
+    def spec(self) -> PolicySpec:
+        """:attr:`policy`'s spec."""
+        return self.policy.spec
+
+    @property
+    def server(self) -> ServerConfig:
+        """:attr:`policy`'s ``server`` section."""
+        return self.policy.spec.server
+
+    @property
+    def limits(self) -> ServerLimits:
+        """:attr:`policy`'s ``server.limits``."""
+        return self.policy.spec.server.limits
+
+    def use_policy(self, policy: Policy) -> None:
+        """Serve new requests with ``policy`` (a reload checked that only per-request keys
+        changed); requests in flight keep theirs."""
+        self.current_policy = policy
+        if self.engine is not None:
+            self.engine.use_policy(policy)
 
     # --- start-up ------------------------------------------------------------------------
 
