@@ -204,6 +204,14 @@ class Engine:
             self.metrics.queue_depth.labels(stage).set_function(
                 lambda s=stage: self.scheduler.queued(s)  # type: ignore[misc]
             )
+        for index, device in enumerate(self.fleet.devices):
+            self.metrics.resident_bytes.labels(device.id).set_function(
+                lambda i=index: self.scheduler.memory[i].used  # type: ignore[misc]
+            )
+            for stage in self.plugins:  # known series start at 0: a dashboard sees "none yet"
+                self.metrics.loads.labels(stage, device.id)
+                self.metrics.evictions.labels(stage, device.id)
+                self.metrics.breaker_state.labels(stage, device.id).set(0)
 
     # --- placement rules ---------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from hetero.framework.registry import Registry, default_registry
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.ops_metrics import CacheTierCollector, SandboxHealthCollector
 from hetero.framework.server.reload import pinned_policy
 from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
@@ -182,6 +183,7 @@ class Serving:
         self._closing = threading.Event()
         self._close_lock = threading.Lock()
         self.started_at = time.time()
+        self.metrics.registry.register(SandboxHealthCollector(lambda: self.engine))
         self.load_s = 0.0
 
     # --- the policy ----------------------------------------------------------------------
@@ -273,6 +275,7 @@ class Serving:
         report = progress or (lambda stage, message: None)
         if self._use_cache and self.spec.cache.enabled:
             self.cache = FeatureCache(self.spec.cache, directory=self._cache_directory)
+            self.metrics.registry.register(CacheTierCollector(self.cache.metrics.registry))
         for name, kind in self.plan():
             plugin = self._plugin(name, kind)
             if plugin is not None:
