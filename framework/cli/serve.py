@@ -149,7 +149,7 @@ def run_serve(
     loader = threading.Thread(target=load, name="hetero-model-loader", daemon=True)
     loader.start()
     try:
-        with _stopped_by_signals():
+        with _stopped_by_signals(), _reloaded_by_sighup(app.state.reloader, err):
             try:
                 server.run(sockets=[listener])
             finally:
@@ -203,6 +203,39 @@ def _stopped_by_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _reloaded_by_sighup(reloader: Any, err: Any) -> Iterator[None]:
+    """SIGHUP reloads the policy file (as ``POST /admin/policy/reload`` does) on a thread of
+    its own, never inside the signal handler, and prints one line saying what changed or why
+    the file was refused (the old policy then keeps serving)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from hetero.framework.errors import PolicyError
+
+    def reload() -> None:
+        try:
+            report = reloader.reload()
+        except PolicyError as error:
+            err.print(f"policy reload refused: {error}", highlight=False, markup=False)
+            return
+        changed = ", ".join(report.changed) or "nothing"
+        err.print(
+            f"policy reloaded: {report.policy!r} from {report.source} (changed: {changed})",
+            highlight=False,
+            markup=False,
+        )
+
+    def on_sighup(signum: int, frame: object) -> None:
+        threading.Thread(target=reload, name="hetero-policy-reload", daemon=True).start()
+
+    previous = signal.signal(signal.SIGHUP, on_sighup)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def _ignore_redelivery(signum: int, frame: object) -> None:

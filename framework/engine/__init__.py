@@ -8,7 +8,7 @@ from hetero.framework.engine.engine import (
     describe_failure,
 )
 from hetero.framework.engine.metrics import Metrics
-from hetero.framework.engine.requests import EngineResult
+from hetero.framework.engine.requests import EngineResult, StepTrace
 
 __all__ = [
     "AccessGate",
@@ -17,5 +17,6 @@ __all__ = [
     "EngineResult",
     "Metrics",
     "StageStatus",
+    "StepTrace",
     "describe_failure",
 ]

@@ -29,7 +29,7 @@ from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.pacing import Pace, Shares
-from hetero.framework.engine.requests import EngineResult, RequestState
+from hetero.framework.engine.requests import EngineResult, RequestState, StepTrace
 from hetero.framework.errors import (
     HeteroError,
     NoEligibleDeviceError,
@@ -204,6 +204,14 @@ class Engine:
             self.metrics.queue_depth.labels(stage).set_function(
                 lambda s=stage: self.scheduler.queued(s)  # type: ignore[misc]
             )
+        for index, device in enumerate(self.fleet.devices):
+            self.metrics.resident_bytes.labels(device.id).set_function(
+                lambda i=index: self.scheduler.memory[i].used  # type: ignore[misc]
+            )
+            for stage in self.plugins:  # known series start at 0: a dashboard sees "none yet"
+                self.metrics.loads.labels(stage, device.id)
+                self.metrics.evictions.labels(stage, device.id)
+                self.metrics.breaker_state.labels(stage, device.id).set(0)
 
     # --- placement rules ---------------------------------------------------------------------
 
@@ -437,6 +445,12 @@ class Engine:
         self.close()
 
     # --- requests ------------------------------------------------------------------------------
+
+    def use_policy(self, policy: Policy) -> None:
+        """Judge requests submitted from now on by ``policy`` (deadlines, retry and degrade
+        settings); its stages and pipelines must be those the engine was built with."""
+        self.policy = policy
+        self.admission.policy = policy
 
     def submit(
         self,
@@ -945,6 +959,7 @@ class Engine:
                     device_id, outcome.output, _size(outcome.output)
                 )
                 state.devices[task.step] = device_id
+                state.steps.append(_step_trace(outcome))
                 error = None if state.done() else self._continue(state)
             elif device_fault:
                 error = self._retry(state, task, device_id, outcome.error)
@@ -976,6 +991,7 @@ class Engine:
             degraded=state.variant == "light" and had_light,
             latency_s=self.clock.now() - state.arrival,
             variant=state.variant,
+            steps=tuple(state.steps),
         )
 
     def _continue(self, state: RequestState) -> BaseException | None:
@@ -1025,6 +1041,24 @@ class Engine:
                 device.id: sorted(self.scheduler.memory[index].resident)
                 for index, device in enumerate(self.fleet.devices)
             }
+
+
+def _step_trace(outcome: BatchOutcome) -> StepTrace:
+    dispatch = outcome.dispatch
+    task = dispatch.task
+    return StepTrace(
+        step=task.step,
+        stage=task.stage,
+        device=dispatch.device_id,
+        variant=task.variant,
+        queued_at=task.enqueued_at,
+        started_at=outcome.started_at,
+        load_s=outcome.load_s,
+        run_s=outcome.run_s,
+        batch_size=outcome.batch_size,
+        estimate_s=dispatch.estimate_s,
+        loaded=dispatch.load.load,
+    )
 
 
 def describe_failure(err: BaseException) -> str:

@@ -56,6 +56,7 @@ class BatchOutcome:
     started_at: float
     blame: bool = True
     skipped: bool = False
+    load_s: float = 0.0  # the model load this batch waited for (0: it was resident)
 
 
 class DeviceModels:
@@ -274,6 +275,7 @@ class Lane:
             return outcomes
         model_key = batch[0].model_key
         variant = model_key.split("/", 1)[1]
+        loading = time.perf_counter()
         try:
             runner, _ = self.models.get(
                 model_key, self.graph_format, lambda: self._graphs_for(model_key, self.graph_format)
@@ -284,6 +286,7 @@ class Lane:
             return outcomes + [BatchOutcome(d, None, err, 0.0, size, started) for d, _ in live]
         size = _items(d for d, _ in live)
         began = time.perf_counter()
+        load_s = began - loading if batch[0].load.load else 0.0
         payloads = [payload for _, payload in live]
         with self._running_lock:
             self.running.update((id(p), p) for p in payloads)
@@ -303,9 +306,11 @@ class Lane:
         run_s = time.perf_counter() - began
         for (dispatch, _), result in zip(live, results, strict=True):
             if isinstance(result, BaseException):  # the item was bad, not the device
-                outcome = BatchOutcome(dispatch, None, result, run_s, size, started, False)
+                outcome = BatchOutcome(
+                    dispatch, None, result, run_s, size, started, False, load_s=load_s
+                )
             else:
-                outcome = BatchOutcome(dispatch, result, None, run_s, size, started)
+                outcome = BatchOutcome(dispatch, result, None, run_s, size, started, load_s=load_s)
             outcomes.append(outcome)
         return outcomes
 

@@ -152,3 +152,10 @@ class Metrics:
             ["stage", "device"],
             registry=r,
         )
+        # --- operations --------------------------------------------------------------------
+        self.policy_reloads = Counter(
+            "hetero_policy_reloads_total",
+            "Policy reloads, by outcome (applied, refused).",
+            ["outcome"],
+            registry=r,
+        )

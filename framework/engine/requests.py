@@ -9,7 +9,29 @@ from typing import Any
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask
 from hetero.framework.stages import Pipeline
 
-__all__ = ["EngineResult", "RequestState"]
+__all__ = ["EngineResult", "RequestState", "StepTrace"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTrace:
+    """How one step of a request ran, for its trace: times are ``time.monotonic`` seconds.
+
+    ``queued_at`` to ``started_at`` is the queue wait (and batching delay); ``load_s`` the
+    model load this batch needed first (0: resident); ``run_s`` the device call of the whole
+    batch of ``batch_size`` items; ``estimate_s`` placement's estimated completion.
+    """
+
+    step: str
+    stage: str
+    device: str
+    variant: str
+    queued_at: float
+    started_at: float
+    load_s: float
+    run_s: float
+    batch_size: int
+    estimate_s: float
+    loaded: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +45,7 @@ class EngineResult:
     degraded: bool
     latency_s: float
     variant: str = "full"
+    steps: tuple[StepTrace, ...] = ()
 
 
 @dataclass(slots=True)
@@ -43,6 +66,7 @@ class RequestState:
     outputs: dict[str, OutputHandle] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)
     live_tasks: dict[int, StageTask] = field(default_factory=dict)
+    steps: list[StepTrace] = field(default_factory=list)
 
     def ready_steps(self) -> list[str]:
         """Steps not started whose dependencies are all done."""

@@ -46,6 +46,7 @@ __all__ = [
     "ServerConfig",
     "ServerLimits",
     "StageConfig",
+    "TracingConfig",
     "VariantConfig",
 ]
 
@@ -542,6 +543,16 @@ class ServerConfig(_Frozen):
     retry_after_s: PositiveFloat = 1.0
 
 
+class TracingConfig(_Frozen):
+    """``tracing:``: OpenTelemetry spans per request and per stage, exported over OTLP/HTTP
+    (needs the ``hetero[otel]`` extra; off by default, and then nothing of it is imported)."""
+
+    enabled: StrictBool = False
+    endpoint: StrictStr = "http://127.0.0.1:4318/v1/traces"  # an OTLP/HTTP traces URL
+    sampling: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0  # share of new traces kept
+    service_name: Name = "hetero"
+
+
 # --- the whole file ----------------------------------------------------------------------------
 
 
@@ -565,3 +576,4 @@ class PolicySpec(_Frozen):
     audit: AuditConfig = AuditConfig()
     sandbox: SandboxConfig = SandboxConfig()
     server: ServerConfig = ServerConfig()
+    tracing: TracingConfig = TracingConfig()

@@ -8,13 +8,16 @@ from typing import Any
 from fastapi import FastAPI
 
 from hetero.framework.registry import Registry
-from hetero.framework.server import routes_modal, routes_openai, routes_ops
+from hetero.framework.server import routes_admin, routes_modal, routes_openai, routes_ops
 from hetero.framework.server.auth import KeyRing
 from hetero.framework.server.errors import install_error_handlers
 from hetero.framework.server.middleware import BodyLimit, HostGuard, RequestMetrics
 from hetero.framework.server.openapi import describe_openapi
+from hetero.framework.server.reload import PinPolicy, PolicyReloader
 from hetero.framework.server.routes_policy import add_policy_routes
 from hetero.framework.server.serving import Serving
+from hetero.framework.server.tracing_middleware import RequestTracing
+from hetero.framework.tracing import build_tracer
 
 __all__ = ["create_app", "device_list"]
 
@@ -46,6 +49,7 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
     app.include_router(routes_openai.router)
     app.include_router(routes_modal.router)
     app.include_router(routes_ops.router)
+    app.include_router(routes_admin.router)
     if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements
         from hetero.framework.bench import peer_routes
 
@@ -60,4 +64,10 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
         allowed_origins=spec.server.allowed_origins,
     )
     app.add_middleware(RequestMetrics, metrics=runtime.metrics)
+    app.add_middleware(PinPolicy, runtime=runtime)
+    app.state.reloader = PolicyReloader(runtime, app.state, runtime.metrics.policy_reloads)
+    tracer = build_tracer(spec.tracing)
+    app.state.tracer = tracer
+    app.add_middleware(RequestTracing, tracer=tracer)  # outermost: every answer has its ids
+    app.router.on_shutdown.append(tracer.shutdown)  # exports what is buffered
     return app

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hetero.framework.errors import HeteroError, ShedError
+from hetero.framework.tracing import current_trace
 
 __all__ = ["APIError", "error_response", "install_error_handlers", "invalid_input"]
 
@@ -76,15 +77,23 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> JS
     headers = dict(headers or {})
     if error.retry_after_s is not None or error.status in (429, 503):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s or 1.0)))
-    body = {
-        "error": {
-            "message": error.message,
-            "type": error.type,
-            "param": error.param,
-            "code": error.code,
-        }
+    return JSONResponse(_body(error), status_code=error.status, headers=headers)
+
+
+def _body(error: APIError) -> dict[str, Any]:
+    """OpenAI's error shape, plus the ids that find the request in logs and traces."""
+    trace = current_trace()
+    body: dict[str, Any] = {
+        "message": error.message,
+        "type": error.type,
+        "param": error.param,
+        "code": error.code,
     }
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    if trace.request_id:
+        body["request_id"] = trace.request_id
+    if trace.trace_id:
+        body["trace_id"] = trace.trace_id
+    return {"error": body}
 
 
 def _validation_message(exc: RequestValidationError) -> APIError:
@@ -150,13 +159,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def json_error_bytes(error: APIError) -> bytes:
     """The error body as bytes (for a server-sent event)."""
-    return json.dumps(
-        {
-            "error": {
-                "message": error.message,
-                "type": error.type,
-                "param": error.param,
-                "code": error.code,
-            }
-        }
-    ).encode()
+    return json.dumps(_body(error)).encode()

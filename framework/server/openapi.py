@@ -146,6 +146,8 @@ _ERROR: dict[str, Any] = {
                 "type": {"type": "string"},
                 "param": {"type": ["string", "null"]},
                 "code": {"type": ["string", "null"]},
+                "request_id": {"type": "string", "description": "as in X-Request-Id"},
+                "trace_id": {"type": "string", "description": "W3C trace id, when traced"},
             },
         }
     },

@@ -23,15 +23,25 @@ import numpy as np
 
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
-from hetero.framework.engine import AccessGate, Engine, EngineResult, Metrics, StageStatus
+from hetero.framework.engine import (
+    AccessGate,
+    Engine,
+    EngineResult,
+    Metrics,
+    StageStatus,
+    StepTrace,
+)
 from hetero.framework.engine.heap import release_free_memory
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
-from hetero.framework.policy.schema import StageConfig
+from hetero.framework.policy.schema import PolicySpec, ServerConfig, ServerLimits, StageConfig
 from hetero.framework.registry import Registry, default_registry
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.ops_metrics import CacheTierCollector, SandboxHealthCollector
+from hetero.framework.server.reload import pinned_policy
+from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
 
 __all__ = [
@@ -151,10 +161,7 @@ class Serving:
         require_all_stages: bool = False,
         metrics: Metrics | None = None,
     ) -> None:
-        self.policy = policy
-        self.spec = policy.spec
-        self.server = policy.spec.server
-        self.limits = self.server.limits
+        self.current_policy = policy  # what a new request gets (swapped by a reload)
         self.gate = gate
         self.sandboxes = sandboxes
         self.metrics = metrics or Metrics()
@@ -176,7 +183,38 @@ class Serving:
         self._closing = threading.Event()
         self._close_lock = threading.Lock()
         self.started_at = time.time()
+        self.metrics.registry.register(SandboxHealthCollector(lambda: self.engine))
         self.load_s = 0.0
+
+    # --- the policy ----------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        """The policy of the request being handled (pinned when it started), else the
+        current one."""
+        return pinned_policy() or self.current_policy
+
+    @property
+    def spec(self) -> PolicySpec:
+        """:attr:`policy`'s spec."""
+        return self.policy.spec
+
+    @property
+    def server(self) -> ServerConfig:
+        """:attr:`policy`'s ``server`` section."""
+        return self.policy.spec.server
+
+    @property
+    def limits(self) -> ServerLimits:
+        """:attr:`policy`'s ``server.limits``."""
+        return self.policy.spec.server.limits
+
+    def use_policy(self, policy: Policy) -> None:
+        """Serve new requests with ``policy`` (a reload checked that only per-request keys
+        changed); requests in flight keep theirs."""
+        self.current_policy = policy
+        if self.engine is not None:
+            self.engine.use_policy(policy)
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -237,6 +275,7 @@ class Serving:
         report = progress or (lambda stage, message: None)
         if self._use_cache and self.spec.cache.enabled:
             self.cache = FeatureCache(self.spec.cache, directory=self._cache_directory)
+            self.metrics.registry.register(CacheTierCollector(self.cache.metrics.registry))
         for name, kind in self.plan():
             plugin = self._plugin(name, kind)
             if plugin is not None:
@@ -374,7 +413,7 @@ class Serving:
         variant: str,
         caller: Caller,
         request_id: str | None,
-    ) -> tuple[Any, str]:
+    ) -> tuple[Any, str, tuple[StepTrace, ...]]:
         future = self._enqueue(engine, stage, payload, variant, caller, request_id)
         return await self._outcome(stage, future)
 
@@ -406,8 +445,9 @@ class Serving:
         stage: ServedStage,
         future: Future[EngineResult],
         on_cancel: Callable[[], None] | None = None,
-    ) -> tuple[Any, str]:
-        """The engine's answer for ``stage``: (value, device); cancelling cancels the request."""
+    ) -> tuple[Any, str, tuple[StepTrace, ...]]:
+        """The engine's answer for ``stage``: (value, device, how its steps ran); cancelling
+        cancels the request."""
         try:
             result = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -415,7 +455,7 @@ class Serving:
             if on_cancel is not None:
                 on_cancel()
             raise
-        return result.outputs[stage.name], result.devices[stage.name]
+        return result.outputs[stage.name], result.devices[stage.name], result.steps
 
     def _mask(self, stage: ServedStage, caller: Caller, value: Any) -> Any:
         if stage.sensitive and self.gate is not None:
@@ -447,25 +487,33 @@ class Serving:
         HTTP request's) prefixes the engine's id, which access checks and the audit record."""
         engine = self._engine()
         self._admit(stage, caller)
+        spans = StageSpans(stage.name)
         variant, reason = engine.admit(
             stage.name, caller.qos_class, profile or RequestProfile(), principal=caller.principal
         )
+        spans.admitted(variant, reason)
         key = None
         if content is not None and self._cacheable(stage):
             assert self.cache is not None
             key = self._key(stage, variant, content)
-            hit = self.cache.get(key)
+            looked = time.monotonic()
+            hit, tier = self.cache.lookup(key)
+            spans.cache_lookup(looked, tier)
             if hit is not None:
                 self.metrics.cache_hits.labels(stage.name).inc()
                 run = StageRun(stage.name, "cache", variant, cached=True, reason=reason)
+                spans.done(run)
                 return self._mask(stage, caller, _from_cache(stage.kind, hit)), run
             self.metrics.cache_misses.labels(stage.name).inc()
-        value, device = await self._submit(engine, stage, payload, variant, caller, request_id)
+        value, device, steps = await self._submit(
+            engine, stage, payload, variant, caller, request_id
+        )
+        spans.ran(steps)
         if key is not None and self.cache is not None:
             self.cache.put(key, _to_cache(stage.kind, value))
-        return self._mask(stage, caller, value), StageRun(
-            stage.name, device, variant, False, reason
-        )
+        run = StageRun(stage.name, device, variant, False, reason)
+        spans.done(run)
+        return self._mask(stage, caller, value), run
 
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
@@ -478,9 +526,11 @@ class Serving:
         engine = self._engine()
         self._admit(stage, caller)
         profile = engine.plugins[stage.name].profile(list(texts))
+        spans = StageSpans(stage.name)
         variant, reason = engine.admit(
             stage.name, caller.qos_class, profile, items=len(texts), principal=caller.principal
         )
+        spans.admitted(variant, reason)
         vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
         keys: list[Any] = [None] * len(texts)
         if self._cacheable(stage):
@@ -505,9 +555,10 @@ class Serving:
             for part in parts:
                 chunk = missing[start : start + len(part)]
                 start += len(part)
-                computed, device = await self._submit(
+                computed, device, steps = await self._submit(
                     engine, stage, part, variant, caller, request_id
                 )
+                spans.ran(steps)
                 for row, index in enumerate(chunk):
                     vectors[index] = computed[row]
                     if keys[index] is not None and self.cache is not None:
@@ -515,7 +566,9 @@ class Serving:
             if len(parts) > 1:  # a large request: give its memory back to the OS
                 await asyncio.to_thread(release_free_memory)
         stacked = np.stack([v for v in vectors if v is not None]).astype(np.float32)
-        return stacked, StageRun(stage.name, device, variant, not missing, reason)
+        run = StageRun(stage.name, device, variant, not missing, reason)
+        spans.done(run, cache_hits=hits)
+        return stacked, run
 
     async def generate(
         self,
@@ -539,9 +592,11 @@ class Serving:
         engine = self._engine()
         self._admit(stage, caller)
         profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
+        spans = StageSpans(stage.name)
         variant, reason = engine.admit(
             stage.name, caller.qos_class, profile, principal=caller.principal
         )
+        spans.admitted(variant, reason)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
 
@@ -559,7 +614,7 @@ class Serving:
         queued = self._enqueue(engine, stage, job, variant, caller, request_id)  # may shed
         task = asyncio.ensure_future(self._outcome(stage, queued, on_cancel=job.stop.set))
 
-        def finished(done: asyncio.Future[tuple[Any, str]]) -> None:
+        def finished(done: asyncio.Future[tuple[Any, str, tuple[StepTrace, ...]]]) -> None:
             pieces.put_nowait(None)
             if summary.done():
                 return
@@ -568,30 +623,13 @@ class Serving:
             elif done.exception() is not None:
                 summary.set_exception(done.exception())  # type: ignore[arg-type]
             else:
-                value, device = done.result()
+                value, device, steps = done.result()
+                spans.ran(steps)
                 summary.set_result({**value, "device": device})
 
         task.add_done_callback(finished)
-        metrics = self.metrics
-
-        async def stream() -> AsyncIterator[str]:
-            first = True
-            try:
-                while True:
-                    piece = await pieces.get()
-                    if piece is None:
-                        break
-                    if first:
-                        metrics.ttft.observe(time.monotonic() - began)
-                        first = False
-                    yield piece
-            finally:
-                if not task.done():
-                    job.stop.set()
-                    task.cancel()
-
-        device = self.placed_on(stage.name)
-        return stream(), summary, StageRun(stage.name, device, variant, False, reason)
+        run = StageRun(stage.name, self.placed_on(stage.name), variant, False, reason)
+        return _stream(pieces, task, job, self.metrics, began, spans, run), summary, run
 
     # --- reporting -----------------------------------------------------------------------
 
@@ -622,6 +660,36 @@ class Serving:
                 }
             )
         return out
+
+
+async def _stream(
+    pieces: asyncio.Queue[str | None],
+    task: asyncio.Future[Any],
+    job: Generation,
+    metrics: Metrics,
+    began: float,
+    spans: StageSpans,
+    run: StageRun,
+) -> AsyncIterator[str]:
+    """A generation's pieces as they come; closing it early stops the generation."""
+    first_at: float | None = None
+    tokens = 0
+    try:
+        while True:
+            piece = await pieces.get()
+            if piece is None:
+                break
+            if first_at is None:
+                first_at = time.monotonic()
+                metrics.ttft.observe(first_at - began)
+            tokens += 1
+            yield piece
+    finally:
+        if not task.done():
+            job.stop.set()
+            task.cancel()
+        spans.streamed(began, first_at, tokens)
+        spans.done(run)
 
 
 def _placements(metrics: Metrics, stage: str) -> dict[str, int]:

@@ -21,7 +21,8 @@ EMBED_MODEL = "all-minilm-l6-v2"
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
+    assert error["request_id"] == response.headers["x-request-id"]
     assert error["message"]
     if code is not None:
         assert error["code"] == code, error
@@ -384,7 +385,8 @@ def test_fuzzed_bodies_never_5xx(client: httpx.Client, route_body: tuple[str, An
     )
     assert response.status_code < 500, response.text
     if response.status_code >= 400:
-        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        error = set(response.json()["error"])
+        assert error == {"message", "type", "param", "code", "request_id"}
 
 
 def _png_header(width: int, height: int) -> bytes:

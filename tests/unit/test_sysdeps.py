@@ -20,6 +20,7 @@ TEST_PROGRAMS = (
     "runsc",
     "bwrap",
     "espeak-ng",
+    "prometheus",
 )
 
 
@@ -60,7 +61,7 @@ def test_missing_programs_stop_make_with_one_line_naming_packages_and_command(
 ) -> None:
     result = sysdeps("test", tmp_path / "bin", "redis-server", "runc")
     assert result.returncode == 1 and result.stdout == ""
-    packages = "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng"
+    packages = "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng prometheus"
     assert result.stderr.count("\n") == 1
     assert f"missing: {packages};" in result.stderr
     assert f"apt-get install -y --no-install-recommends {packages}\n" in result.stderr
