@@ -10,8 +10,9 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
 - a small LRU **admission window** (1 % of the bytes at first) takes every new entry;
 - what falls out of the window is a candidate for the **main space**, a segmented LRU
   (probation, and protected for entries hit while on probation, at most 80 % of the main space):
-  a candidate enters only if a count-min sketch of recent frequencies says it is asked for at
-  least as often as the probation entry it would evict; otherwise the candidate goes;
+  a candidate enters only if a count-min sketch of recent frequencies says it is asked for
+  more often than the probation entry it would evict (a tie keeps the incumbent, unless the
+  stream is led by recency); otherwise the candidate goes;
 - the sketch has 4-bit counters, a **doorkeeper** (a Bloom filter that absorbs the first
   request of each key, so one-offs never reach the counters) and **ages**: every ``10 x`` its
   width in requests all counters halve and the doorkeeper is cleared;
@@ -23,8 +24,10 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
   (docs/cache.md has the figures).
 
 Capacity is in bytes (a value's size is its encoded length); the window, probation and protected
-budgets are byte shares. Hits are recorded in a buffer applied to the sketch in batches (as
-Caffeine's read buffer), so a hit is a dictionary lookup and a move in an ordered dictionary.
+budgets are byte shares; a write that takes the tier over budget evicts at once. Hits are
+recorded in a buffer applied to the sketch in batches (as Caffeine's read buffer), so a hit is a
+dictionary lookup and a move in an ordered dictionary. Key hashes are the digest's own bytes, so
+the same stream gives the same decisions in every process.
 Entries carry their own expiry, checked when read; an expired entry never read again leaves
 through normal eviction.
 """
