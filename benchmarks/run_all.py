@@ -65,7 +65,7 @@ def bench_scenarios() -> None:
 
 
 def bench_cache() -> None:
-    """Feature cache tiers against raw redis-py and diskcache reads (``hetero bench cache``)."""
+    """Feature cache tiers against raw redis-py and LMDB reads (``hetero bench cache``)."""
     from rich.console import Console
 
     from hetero.framework.bench.report import run_bench_cache

@@ -15,7 +15,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,8 @@ class _Tier(Protocol):
     def up(self) -> bool: ...
 
     def get(self, key: str) -> bytes | None: ...
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]: ...
 
     def delete(self, key: str) -> None: ...
 
@@ -246,32 +248,81 @@ class FeatureCache:
             if blob is None:
                 faster.append(tier)
                 continue
-            try:
-                value = decode(
-                    cipher.decrypt(blob, key.text.encode()) if cipher else blob, tier.name
-                )
-            except Exception as err:  # a corrupt or tampered entry is a miss, and goes
-                self.metrics.corrupt.labels(tier.name).inc()
-                logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
-                tier.delete(key.text)
+            value = self._accept(tier, key, cipher, blob, faster)
+            if value is None:
                 faster.append(tier)
                 continue
-            self._hit[tier.name].inc()
             if found is not None:
                 found.append(tier.name)
-            self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
-            if faster or self.memory is not None:
-                ttl = self._ttl()
-                for upper in faster:
-                    self._write(upper, key, blob, ttl)
-                if self.memory is not None:
-                    self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
             if sampled:
                 self._order()
             return value
         if sampled:
             self._order()
         return None
+
+    def _accept(
+        self, tier: _Tier, key: FeatureKey, cipher: Cipher | None, blob: bytes, faster: list[_Tier]
+    ) -> Any | None:
+        """Decode a lower tier's bytes and promote them to ``faster`` and memory; None (and
+        the entry removed) if they do not decode."""
+        try:
+            value = decode(cipher.decrypt(blob, key.text.encode()) if cipher else blob, tier.name)
+        except Exception as err:  # a corrupt or tampered entry is a miss, and goes
+            self.metrics.corrupt.labels(tier.name).inc()
+            logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
+            tier.delete(key.text)
+            return None
+        self._hit[tier.name].inc()
+        self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
+        if faster or self.memory is not None:
+            ttl = self._ttl()
+            for upper in faster:
+                self._write(upper, key, blob, ttl)
+            if self.memory is not None:
+                self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
+        return value
+
+    def get_many(self, keys: Sequence[FeatureKey]) -> list[Any | None]:
+        """The cached values of several keys, in order (None where missing): memory and the
+        Bloom filter key by key, then each lower tier once for every key still missing (Redis in
+        one ``MGET`` round trip, the disk in one read transaction)."""
+        values: list[Any | None] = [None] * len(keys)
+        if not self.config.enabled:
+            return values
+        pending: list[tuple[int, FeatureKey, Cipher | None]] = []
+        trust_bloom = self.bloom_warm.is_set()
+        for index, key in enumerate(keys):
+            cacheable, cipher = self._protection(key)
+            if not cacheable:
+                continue
+            if self.memory is not None:
+                value = self.memory.get(key.digest, time.monotonic())
+                if value is not None:
+                    self._hit["memory"].inc()
+                    values[index] = value
+                    continue
+            if trust_bloom and not self.bloom.might_contain(key.digest):
+                self.metrics.bloom_negatives.inc()
+                continue
+            pending.append((index, key, cipher))
+        faster: list[_Tier] = []
+        for tier in self._lower:
+            if not pending:
+                break
+            blobs = tier.get_many([key.text for _, key, _ in pending])
+            missing = []
+            for (index, key, cipher), blob in zip(pending, blobs, strict=True):
+                value = None if blob is None else self._accept(tier, key, cipher, blob, faster)
+                if value is None:
+                    missing.append((index, key, cipher))
+                else:
+                    values[index] = value
+            pending = missing
+            faster.append(tier)
+        if pending:
+            self.metrics.misses.inc(len(pending))
+        return values
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -280,7 +331,10 @@ class FeatureCache:
 
     def _write(self, tier: _Tier, key: FeatureKey, blob: bytes, ttl_s: float) -> None:
         if isinstance(tier, DiskTier):
+            before = tier.evictions
             tier.put(key.text, blob, ttl_s, key.content)
+            if tier.evictions != before:
+                self.metrics.evictions.labels("disk").inc(tier.evictions - before)
         elif isinstance(tier, RedisTier):
             if key.stage == "probe":  # the start-up probe needs no erasure index
                 tier.guarded(lambda: tier.raw().set(key.text, blob, px=int(ttl_s * 1000)), None)

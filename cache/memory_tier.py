@@ -10,21 +10,24 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
 - a small LRU **admission window** (1 % of the bytes at first) takes every new entry;
 - what falls out of the window is a candidate for the **main space**, a segmented LRU
   (probation, and protected for entries hit while on probation, at most 80 % of the main space):
-  a candidate enters only if a count-min sketch of recent frequencies says it is asked for at
-  least as often as the probation entry it would evict; otherwise the candidate goes;
+  a candidate enters only if a count-min sketch of recent frequencies says it is asked for
+  more often than the probation entry it would evict (a tie keeps the incumbent, unless the
+  stream is led by recency); otherwise the candidate goes;
 - the sketch has 4-bit counters, a **doorkeeper** (a Bloom filter that absorbs the first
   request of each key, so one-offs never reach the counters) and **ages**: every ``10 x`` its
   width in requests all counters halve and the doorkeeper is cleared;
-- the **window adapts** to the stream. Caffeine moves it by hill climbing on the sampled hit
-  rate; replayed on our streams that climber was too slow or too noisy (docs/cache.md has the
-  figures), so the window is steered by ghosts instead, as ARC steers its lists: a rejected
-  candidate asked for again means the window was too small (it grows), a main-space victim
-  asked for again means it was too large (it shrinks). Recency streams end up with a large
-  window (LRU-like), frequency streams with a small one.
+- the **window adapts** to the stream, steered by a shadow LRU over a sample of the keys
+  (:mod:`hetero.cache.window_steering`): when LRU would have hit more in the last period the
+  window grows, when the tier hit clearly more it shrinks. Recency streams end up with a large
+  window (LRU-like), frequency streams with a small one. This replaces Caffeine's hill climber,
+  which compares a period with the previous one and so follows the stream's own drift
+  (docs/cache.md has the figures).
 
 Capacity is in bytes (a value's size is its encoded length); the window, probation and protected
-budgets are byte shares. Hits are recorded in a buffer applied to the sketch in batches (as
-Caffeine's read buffer), so a hit is a dictionary lookup and a move in an ordered dictionary.
+budgets are byte shares; a write that takes the tier over budget evicts at once. Hits are
+recorded in a buffer applied to the sketch in batches (as Caffeine's read buffer), so a hit is a
+dictionary lookup and a move in an ordered dictionary. Key hashes are the digest's own bytes, so
+the same stream gives the same decisions in every process.
 Entries carry their own expiry, checked when read; an expired entry never read again leaves
 through normal eviction.
 """
@@ -38,6 +41,8 @@ from typing import Any
 
 from rbloom import Bloom
 
+from hetero.cache.window_steering import WindowSteering
+
 __all__ = ["FrequencySketch", "MemoryTier"]
 
 MAX_COUNT = 15
@@ -45,13 +50,10 @@ MAX_WIDTH_BITS = 16  # a key's four counters are four 16-bit pieces of its 64-bi
 WINDOW_START = 0.01
 PROTECTED_SHARE = 0.8
 READ_BUFFER = 64
-# Evictions run in batches, once the tier is over budget by this many times the size of the
-# entry being stored (as Caffeine's maintenance runs after a buffer of writes): most writes
-# only insert. The tier's bytes exceed max_bytes by at most that much.
-EVICT_BATCH = 8
+# No eviction batches: a write that takes the tier over budget evicts at once. Candidates that
+# wait in the window for a batch make a larger window, which cost up to 1.4 points of hit rate on
+# the replay (docs/cache.md); a batch only moved the cost from the median write to the mean.
 SKETCH_PER_ENTRY = 16  # counters per row for each entry held: slow ageing, few collisions
-GHOST_SHARE = 0.1  # each ghost list remembers this share of the entries held (at least 16)
-GHOST_STEP = 8  # the window moves by this many sizes of the entry asked for, per ghost hit
 WARM = 6  # a warm candidate that loses still enters 1 time in 128 (Caffeine's jitter)
 
 # An entry is a list (cheaper to build and read than an object); these are its fields.
@@ -64,7 +66,7 @@ Slots = tuple[int, int, int, int]
 class FrequencySketch:
     """A count-min sketch of 4-bit counters behind a doorkeeper, halved periodically.
 
-    Four rows of ``width`` counters in one table; a key's four counters come from four 32-bit
+    Four rows of ``width`` counters in one table; a key's four counters come from four 16-bit
     pieces of its hash (the key is a BLAKE2b digest, so the pieces are independent). The
     doorkeeper is an rbloom filter of the keys seen since the last halving.
     """
@@ -72,9 +74,9 @@ class FrequencySketch:
     def __init__(self, width: int) -> None:
         self.width = 1 << min(MAX_WIDTH_BITS, max(6, (width - 1).bit_length()))
         self.mask = self.width - 1
-        self._table = bytearray(4 * self.width)
+        self.table = bytearray(4 * self.width)
         self.sample = 10 * self.width
-        self._door = Bloom(self.sample, 0.01)
+        self.door = Bloom(self.sample, 0.01)
         self._added = 0
 
     def slots(self, key_hash: int) -> Slots:
@@ -89,9 +91,9 @@ class FrequencySketch:
 
     def increment(self, key_hash: int, slots: Slots) -> None:
         """Count one request: the first since the last halving only passes the doorkeeper."""
-        door = self._door
+        door = self.door
         if key_hash in door:
-            table = self._table
+            table = self.table
             a, b, c, d = slots
             if table[a] < MAX_COUNT:
                 table[a] += 1
@@ -109,13 +111,13 @@ class FrequencySketch:
 
     def frequency(self, key_hash: int, slots: Slots) -> int:
         """How often the key was asked for recently (an upper bound)."""
-        table = self._table
+        table = self.table
         a, b, c, d = slots
-        return min(table[a], table[b], table[c], table[d]) + (key_hash in self._door)
+        return min(table[a], table[b], table[c], table[d]) + (key_hash in self.door)
 
     def _halve(self) -> None:
-        self._table = self._table.translate(_HALF)
-        self._door.clear()
+        self.table = self.table.translate(_HALF)
+        self.door.clear()
         self._added //= 2
 
 
@@ -138,9 +140,7 @@ class MemoryTier:
         self.window_max = max(1, int(max_bytes * WINDOW_START))
         self._sketch = FrequencySketch(64)
         self._reads: list[list[Any]] = []
-        # Ghosts: digests of rejected candidates and of evicted main-space victims.
-        self._lost: OrderedDict[bytes, None] = OrderedDict()
-        self._evicted: OrderedDict[bytes, None] = OrderedDict()
+        self._steering: WindowSteering | None = None  # from the first eviction on
         self._lock = threading.Lock()
         self._random = random.Random(0)
         self.evictions = 0
@@ -177,6 +177,11 @@ class MemoryTier:
             reads.append(entry)
             if len(reads) >= READ_BUFFER:
                 self._drain()
+            steering = self._steering
+            if steering is not None and not entry[HASH] & steering.mask:
+                change = steering.request(digest, entry[SIZE], True)
+                if change:
+                    self._resize_window(self.window_max + change)
             return entry[VALUE]
 
     def _promote(self, digest: bytes, entry: list[Any]) -> None:
@@ -212,11 +217,18 @@ class MemoryTier:
             return False
         with self._lock:
             data = self._data
+            # The digest's own bits (not hash(), which differs between processes): the same
+            # stream gives the same decisions everywhere. Nine bytes: the sketch's slots use the
+            # low 64 bits, the steering's sample the bits above.
+            key_hash = int.from_bytes(digest[:9], "little")
             if digest in data:
                 self._remove(digest)
-            elif self._lost or self._evicted:
-                self._adapt(digest, size)
-            key_hash = hash(digest)  # computed once per bytes object, by the lookup above
+            else:
+                steering = self._steering
+                if steering is not None and not key_hash & steering.mask:
+                    change = steering.request(digest, size, False)
+                    if change:
+                        self._resize_window(self.window_max + change)
             sketch = self._sketch
             mask, width = sketch.mask, sketch.width
             slots = (
@@ -226,15 +238,12 @@ class MemoryTier:
                 3 * width + ((key_hash >> 48) & mask),
             )
             entry = [value, size, expires_at, WINDOW, key_hash, slots]
-            reads = self._reads
-            reads.append(entry)
-            if len(reads) >= READ_BUFFER:
-                self._drain()
+            sketch.increment(key_hash, slots)  # at once: the duel this write may start needs it
             data[digest] = entry
             self._window[digest] = entry
             sizes = self._bytes
             sizes[WINDOW] += size
-            if sizes[0] + sizes[1] + sizes[2] > self.max_bytes + EVICT_BATCH * size:
+            if sizes[0] + sizes[1] + sizes[2] > self.max_bytes:
                 self._evict()
             if SKETCH_PER_ENTRY * len(data) > sketch.width and sketch.width < 1 << MAX_WIDTH_BITS:
                 self._grow_sketch()
@@ -246,6 +255,8 @@ class MemoryTier:
         (probation's, else protected's) and the loser goes (Caffeine's evictFromMain)."""
         if self._reads:  # duels see every request so far
             self._drain()
+        if self._steering is None:  # full for the first time: the sample share is set now
+            self._steering = WindowSteering(self.max_bytes, len(self._data))
         window, probation, protected = self._window, self._probation, self._protected
         data, sizes, max_bytes = self._data, self._bytes, self.max_bytes
         total = sizes[0] + sizes[1] + sizes[2]
@@ -254,17 +265,18 @@ class MemoryTier:
             digest, entry = window.popitem(last=False)
             sizes[WINDOW] -= entry[SIZE]
             candidates.append((digest, entry))
-        sketch = self._sketch
         for digest, entry in reversed(candidates):
             admitted = True
             while total > max_bytes:
-                victim = next(iter(probation), None) or next(iter(protected), None)
-                if victim is None:
+                source = probation or protected
+                if not source:
                     break
-                held = data[victim]
-                if self._admit(sketch, entry, held):
-                    self._remember(self._evicted, victim)
-                    self._remove(victim)
+                victim = next(iter(source))
+                held = source[victim]
+                if self._admit(entry, held):
+                    del source[victim]
+                    del data[victim]
+                    sizes[held[QUEUE]] -= held[SIZE]
                     total -= held[SIZE]
                     self.evictions += 1
                 else:
@@ -277,7 +289,6 @@ class MemoryTier:
             else:
                 del data[digest]
                 total -= entry[SIZE]
-                self._remember(self._lost, digest)
                 self.rejections += 1
                 self.evictions += 1
         while total > max_bytes:  # no candidate left to duel: the oldest entries go
@@ -288,33 +299,27 @@ class MemoryTier:
             total -= held[SIZE]
             self.evictions += 1
 
-    def _admit(self, sketch: FrequencySketch, candidate: list[Any], victim: list[Any]) -> bool:
-        wanted = sketch.frequency(candidate[HASH], candidate[SLOTS])
-        if wanted >= sketch.frequency(victim[HASH], victim[SLOTS]):
+    def _admit(self, candidate: list[Any], victim: list[Any]) -> bool:
+        """Caffeine's rule: the candidate enters if it is asked for more often than the victim.
+        A tie keeps the victim (a stream of one-offs cannot wash out the main space) unless the
+        steering's last period found LRU hitting at least as often (a recency stream, where
+        the newer entry is the better bet)."""
+        sketch = self._sketch
+        table, door = sketch.table, sketch.door
+        a, b, c, d = candidate[SLOTS]
+        wanted = min(table[a], table[b], table[c], table[d]) + (candidate[HASH] in door)
+        a, b, c, d = victim[SLOTS]
+        held = min(table[a], table[b], table[c], table[d]) + (victim[HASH] in door)
+        if wanted > held:
             return True
+        if wanted == held:
+            steering = self._steering
+            return steering is not None and steering.recency
         # A warm candidate sometimes wins a lost duel, so nobody can pin a victim in place by
         # keeping its frequency just above everything else.
         return wanted >= WARM and self._random.random() < 1 / 128
 
     # --- window adaptation ------------------------------------------------------------------
-
-    def _remember(self, ghosts: OrderedDict[bytes, None], digest: bytes) -> None:
-        ghosts[digest] = None
-        if len(ghosts) > max(GHOST_SHARE * len(self._data), 16):
-            ghosts.popitem(last=False)
-
-    def _adapt(self, digest: bytes, size: int) -> None:
-        """A ghost asked for again moves the window boundary (ARC's rule, scaled by the
-        ghost lists' relative lengths)."""
-        lost, evicted = self._lost, self._evicted
-        if digest in lost:
-            del lost[digest]
-            step = GHOST_STEP * size * max(1.0, len(evicted) / max(len(lost), 1))
-            self._resize_window(self.window_max + step)
-        elif digest in evicted:
-            del evicted[digest]
-            step = GHOST_STEP * size * max(1.0, len(lost) / max(len(evicted), 1))
-            self._resize_window(self.window_max - step)
 
     def _resize_window(self, wanted: float) -> None:
         """A smaller window hands its oldest entries to probation; a larger one takes
@@ -370,5 +375,3 @@ class MemoryTier:
                 queue.clear()
             self._bytes = [0, 0, 0]
             self._reads.clear()
-            self._lost.clear()
-            self._evicted.clear()

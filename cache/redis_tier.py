@@ -79,6 +79,13 @@ class RedisTier:
         value = self._call(lambda: self.client.get(key), None)
         return value if isinstance(value, bytes) else None
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """The stored bytes of several keys, in order, in one round trip (``MGET``)."""
+        values = self._call(lambda: self.client.mget(keys), None)
+        if values is None:
+            return [None] * len(keys)
+        return [value if isinstance(value, bytes) else None for value in values]
+
     def put(self, key: str, blob: bytes, ttl_s: float, content: str, partition: str | None) -> None:
         """Store with an expiry and index the key for erasure, in one round trip. Index sets
         expire with their newest entry, so they never outlive what they index for long."""

@@ -81,9 +81,13 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         "l1_hit",
         "bloom_rejected_miss",
         "l3_hit",
+        "disk_tier_get",
+        "raw_lmdb_get",
         "raw_diskcache_get",
         "l2_hit",
         "raw_redis_get",
+        "l2_get_many_8",
+        "raw_redis_mget_8",
     ):
         figures = results.get(name)
         if isinstance(figures, dict):

@@ -518,10 +518,10 @@ class Serving:
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``; cached text by text, the misses in model calls
-        of at most the stage's ``max_batch`` texts, one after another: a large request holds
-        the model one batch at a time (others' requests run between its batches) and its
-        memory stays that of one batch."""
+        """Embeddings of ``texts`` ``[N, 384]``; looked up in the cache together (one round trip
+        per tier), the misses in model calls of at most the stage's ``max_batch`` texts, one
+        after another: a large request holds the model one batch at a time (others' requests
+        run between its batches) and its memory stays that of one batch."""
         stage = self.stage_of_kind("text_embed")
         engine = self._engine()
         self._admit(stage, caller)
@@ -535,9 +535,8 @@ class Serving:
         keys: list[Any] = [None] * len(texts)
         if self._cacheable(stage):
             assert self.cache is not None
-            for index, text in enumerate(texts):
-                keys[index] = self._key(stage, variant, text.encode())
-                hit = self.cache.get(keys[index])
+            keys = [self._key(stage, variant, text.encode()) for text in texts]
+            for index, hit in enumerate(self.cache.get_many(keys)):
                 if hit is not None:
                     vectors[index] = np.asarray(hit, dtype=np.float32)
         missing = [i for i, v in enumerate(vectors) if v is None]

@@ -431,20 +431,40 @@ def test_bad_cache_policy_values_name_line_and_key(
 def test_a_failing_disk_is_bypassed_and_the_cache_goes_on(
     cache: FeatureCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sqlite3
+    from broken_disk import BrokenEnv
 
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise sqlite3.DatabaseError("database disk image is malformed")
-
-    monkeypatch.setattr(cache.disk._cache, "get", broken)  # type: ignore[union-attr]
-    monkeypatch.setattr(cache.disk._cache, "set", broken)  # type: ignore[union-attr]
     k = key(b"disk-broken")
+    monkeypatch.setattr(cache.disk, "_env", BrokenEnv())  # every read and write raises EIO
     cache.put(k, [5])
     cache.memory.clear()  # type: ignore[union-attr]
     assert cache.get(k) == [5]  # from Redis
     assert not cache.disk.up  # type: ignore[union-attr]
     errors = cache.metrics.registry.get_sample_value("hetero_cache_errors_total", {"tier": "disk"})
     assert errors is not None and errors >= 1
+
+
+def test_a_disk_that_failed_at_start_up_is_reopened_after_the_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hetero.cache import disk_tier
+
+    monkeypatch.setattr(disk_tier, "RETRY_AFTER_S", 0.0)  # every call may retry at once
+    blocked = tmp_path / "disk"
+    blocked.write_bytes(b"a file where the store's folder should be")
+    instance = FeatureCache(config(None), directory=blocked)
+    try:
+        k = key(b"before-the-disk-came-back")
+        instance.put(k, [1])  # no error reaches the caller
+        instance.memory.clear()  # type: ignore[union-attr]
+        assert instance.get(k) is None  # the control: nothing could be stored
+        assert instance.disk.errors >= 1  # type: ignore[union-attr]
+        blocked.unlink()
+        instance.put(k, [2])  # the tier opens the store again on its own
+        instance.memory.clear()  # type: ignore[union-attr]
+        assert instance.get(k) == [2]
+        assert (blocked / "data.mdb").is_file()
+    finally:
+        instance.close()
 
 
 def test_erasure_reaches_other_instances_memory_and_disk(
@@ -540,3 +560,51 @@ def test_the_sandbox_partition_cipher_seals_cache_entries(
         assert instance.get(secret) == {"id_number": CANARY}
     finally:
         instance.close()
+
+
+def test_several_keys_are_read_in_one_round_trip_per_tier(
+    cache: FeatureCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = [key(f"many-{index}".encode()) for index in range(6)]
+    for index, k in enumerate(stored):
+        cache.put(k, [index])
+    cache.memory.clear()  # type: ignore[union-attr]
+    cache.memory.put(stored[0].digest, [0], 10, time.monotonic() + 60)  # type: ignore[union-attr]
+    for k in stored[1:3]:
+        cache.disk.delete(k.text)  # type: ignore[union-attr]  # only Redis has these two
+    calls: dict[str, int] = {"redis": 0, "disk": 0, "single": 0}
+    for tier in (cache.disk, cache.redis):
+        many = tier.get_many  # type: ignore[union-attr]
+
+        def counted(texts: list[str], o: Any = many, name: str = tier.name) -> Any:  # type: ignore[union-attr]
+            calls[name] += 1
+            return o(texts)
+
+        monkeypatch.setattr(tier, "get_many", counted)
+        monkeypatch.setattr(tier, "get", lambda text: calls.__setitem__("single", 1))
+    asked = [*stored, key(b"never-stored")]
+    values = cache.get_many(asked)
+    assert values == [[0], [1], [2], [3], [4], [5], None]
+    assert calls == {"redis": 1, "disk": 1, "single": 0}  # memory, then each tier once
+    assert cache.disk.get_many([k.text for k in stored[1:3]]) != [None, None]  # type: ignore[union-attr]  # promoted
+    assert cache.memory.get(stored[1].digest, time.monotonic()) == [1]  # type: ignore[union-attr]
+    sample = cache.metrics.registry.get_sample_value
+    assert sample("hetero_cache_hits_total", {"tier": "redis"}) >= 2
+    assert sample("hetero_cache_misses_total") + sample("hetero_cache_bloom_negatives_total") >= 1
+
+
+def test_get_many_with_redis_down_reads_the_disk(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    instance = FeatureCache(config(server.url), directory=tmp_path / "disk")
+    try:
+        stored = [key(f"down-{index}".encode()) for index in range(3)]
+        for index, k in enumerate(stored):
+            instance.put(k, [index])
+        instance.memory.clear()  # type: ignore[union-attr]
+        server.stop()
+        instance._cost.update({"redis": 1e-6, "disk": 1e-3})  # Redis asked first
+        instance._order()
+        assert instance.get_many(stored) == [[0], [1], [2]]
+    finally:
+        instance.close()
+        server.stop()

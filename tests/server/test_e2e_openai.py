@@ -49,12 +49,13 @@ def test_the_scheduler_places_by_calibrated_cost_and_says_where(
     stages = {s["stage"]: s for s in real_server.started_devices["stages"]}
     timings = stages["text_embed"]["warmup_timings_s"]
     assert isinstance(timings[OPENVINO_CPU], float) and isinstance(timings[ORT_CPU], float)
-    fastest = min((OPENVINO_CPU, ORT_CPU), key=lambda device: timings[device])
+    timed = {device: t for device, t in timings.items() if isinstance(t, float)}
+    fastest = min(timed, key=lambda device: timed[device])  # torch too, on a busy machine
     assert stages["text_embed"]["resident_on"] == fastest  # placed by its calibrated cost
     body = {"model": "all-minilm-l6-v2", "input": ["Where did this run?"]}
     response = http.post("/v1/embeddings", json=body)
     (run,) = json.loads(response.headers["X-Hetero-Stages"])
-    assert run["stage"] == "text_embed" and run["device"] in (OPENVINO_CPU, ORT_CPU)
+    assert run["stage"] == "text_embed" and run["device"] in timed
     placed = {
         sample.labels["device"]: sample.value
         for family in text_string_to_metric_families(http.get("/metrics").text)

@@ -1,0 +1,100 @@
+"""How large the memory tier's admission window should be: a shadow LRU on a sample of the keys.
+
+Caffeine sizes its window by hill climbing: every sample period it compares its hit rate with the
+previous period's and keeps moving the window in the direction that helped. Replayed on our
+streams (docs/cache.md has the figures) that climber mostly follows the stream rather than the
+window: while a cache warms up, or a stream drifts, every period is better or worse than the
+last whatever the window did, so on the Mooncake stream it walked the window to 0 % and lost 5-7
+points to LRU.
+
+Here the comparison is made in the same period, on the same requests: a shadow LRU (keys and
+sizes only, no values) sees the requests of a spatial sample of the keys (the keys whose hash has
+its sampling bits zero, as SHARDS samples, Waldspurger et al., FAST'15), with the tier's byte
+budget scaled by the same share. Each period counts the requests only one of the two hit, and
+treats that count as a fair coin's tosses:
+
+- LRU's lead passes one standard deviation: recency pays on this stream, the window grows by
+  three steps (a recency stream loses hits every period it waits);
+- the tier's lead passes one standard deviation: frequency pays, the window shrinks by one step;
+- otherwise it stays, except that after 8 periods with the very same hits a smaller window is
+  tried (else a window grown by a recency phase would never learn that it can shrink).
+
+The last period's verdict also breaks admission ties (:class:`MemoryTier`): on a recency stream
+the newer entry wins a tie. A step is 6.25 % of the budget (Caffeine's initial step); a period
+is half the shadow's entries in sampled requests (at least 64). The sample share is fixed when
+the tier first fills, so that the shadow holds about ``TARGET`` entries: small tiers are shadowed
+whole, large ones pay one ordered-dictionary operation on one request in 2^k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+__all__ = ["WindowSteering"]
+
+TARGET = 512  # entries the shadow holds, about
+STEP = 0.0625  # of the byte budget, per period
+PERIOD = 0.5  # sampled requests per period, as a share of the shadow's entries
+MIN_PERIOD = 64
+Z_GROW = 1.0  # standard deviations LRU's lead must pass to grow the window
+Z_SHRINK = 1.0  # and the tier's lead to shrink it
+EXPLORE_EVERY = 8  # periods with the very same hits before a smaller window is tried
+GROW = 3  # growing steps are this many steps: a recency stream loses hits every period it waits
+
+
+class WindowSteering:
+    """A shadow LRU over sampled keys, and the window change it asks for.
+
+    Args:
+        max_bytes: The tier's byte budget.
+        entries: Entries the tier holds when it first fills (sets the sample share).
+    """
+
+    def __init__(self, max_bytes: int, entries: int) -> None:
+        self.shift = (max(1, entries // TARGET)).bit_length() - 1
+        # Sampled: the key hash's bits from 64 up are zero (the sketch's slots use bits 0-63).
+        self.mask = ((1 << self.shift) - 1) << 64
+        self._budget = max_bytes >> self.shift
+        self._step = int(STEP * max_bytes)
+        self._shadow: OrderedDict[bytes, int] = OrderedDict()
+        self._bytes = 0
+        self._requests = 0
+        self._tier_hits = 0
+        self._lru_hits = 0
+        self._idle = 0
+        self.recency = False  # whether LRU hit at least as often in the last period
+
+    def request(self, digest: bytes, size: int, tier_hit: bool) -> int:
+        """Record one request for a sampled key; the bytes by which the window should change
+        (0 until a period ends)."""
+        shadow = self._shadow
+        lru_hit = digest in shadow
+        if lru_hit:
+            shadow.move_to_end(digest)
+        else:
+            shadow[digest] = size
+            self._bytes += size
+            while self._bytes > self._budget and shadow:
+                self._bytes -= shadow.popitem(last=False)[1]
+        if tier_hit != lru_hit:
+            if tier_hit:
+                self._tier_hits += 1
+            else:
+                self._lru_hits += 1
+        self._requests += 1
+        if self._requests < max(PERIOD * len(shadow), MIN_PERIOD):
+            return 0
+        tier, lru = self._tier_hits, self._lru_hits  # requests only one of them hit
+        self._tier_hits = self._lru_hits = self._requests = 0
+        self.recency = lru >= tier
+        noise = math.sqrt(tier + lru)
+        if lru - tier > Z_GROW * noise:
+            return GROW * self._step
+        if tier - lru > Z_SHRINK * noise:
+            return -self._step
+        if tier + lru == 0:  # the same hits: try a smaller window now and then (else a window
+            self._idle += 1  # grown by a recency phase would never learn it can shrink)
+            if self._idle % EXPLORE_EVERY == 0:
+                return -self._step
+        return 0
