@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
 from hetero.framework.errors import HeteroError
@@ -77,43 +79,56 @@ def discover_devices(registry: Registry) -> tuple[list[DeviceSpec], list[Detecti
 
 
 def simulated_devices(groups: tuple[SimulatedDeviceGroup, ...]) -> list[DeviceSpec]:
-    """DeviceSpecs for the policy's simulated groups; devices of a group are fully linked."""
+    """DeviceSpecs for the policy's simulated groups: ``count`` devices on each of ``hosts``
+    hosts (``<host>-<n>`` when there are several), ids ``sim:<name>-<index>`` numbered across
+    the group; the devices of one host are fully linked."""
     devices: list[DeviceSpec] = []
     for group in groups:
         figures = resolve_group(group)
-        ids = [f"{SIM_BACKEND}:{group.name}-{index}" for index in range(group.count)]
-        interconnect = figures["interconnect"]
-        for device_id in ids:
-            links: tuple[Link, ...] = ()
-            if interconnect != "none" and figures.get("interconnect_bandwidth"):
-                links = tuple(
-                    Link(
-                        peer=peer,
-                        kind=LinkKind(interconnect),
-                        bandwidth_bytes_per_s=figures["interconnect_bandwidth"],
-                    )
-                    for peer in ids
-                    if peer != device_id
+        for host_index in range(group.hosts):
+            host = group.host if group.hosts == 1 else f"{group.host}-{host_index}"
+            first = host_index * group.count
+            ids = [f"{SIM_BACKEND}:{group.name}-{i}" for i in range(first, first + group.count)]
+            devices.extend(_host_devices(group, figures, host, ids))
+    return devices
+
+
+def _host_devices(
+    group: SimulatedDeviceGroup, figures: Mapping[str, Any], host: str, ids: list[str]
+) -> list[DeviceSpec]:
+    devices = []
+    interconnect = figures["interconnect"]
+    for device_id in ids:
+        links: tuple[Link, ...] = ()
+        if interconnect != "none" and figures.get("interconnect_bandwidth"):
+            links = tuple(
+                Link(
+                    peer=peer,
+                    kind=LinkKind(interconnect),
+                    bandwidth_bytes_per_s=figures["interconnect_bandwidth"],
                 )
-            properties: dict[str, object] = {"simulated": True, "group": group.name}
-            if group.preset:
-                properties["preset"] = group.preset
-            if figures.get("host_bandwidth"):
-                properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
-            devices.append(
-                DeviceSpec(
-                    id=device_id,
-                    device_class=DeviceClass(figures["class"]),
-                    vendor_name=figures["vendor_name"],
-                    backend=SIM_BACKEND,
-                    host=group.host,
-                    memory_bytes=int(figures["memory"]),
-                    peak_flops=dict(figures["peak_flops"]),
-                    memory_bandwidth_bytes_per_s=figures["memory_bandwidth"],
-                    links=links,
-                    properties=properties,
-                )
+                for peer in ids
+                if peer != device_id
             )
+        properties: dict[str, object] = {"simulated": True, "group": group.name}
+        if group.preset:
+            properties["preset"] = group.preset
+        if figures.get("host_bandwidth"):
+            properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
+        devices.append(
+            DeviceSpec(
+                id=device_id,
+                device_class=DeviceClass(figures["class"]),
+                vendor_name=figures["vendor_name"],
+                backend=SIM_BACKEND,
+                host=host,
+                memory_bytes=int(figures["memory"]),
+                peak_flops=dict(figures["peak_flops"]),
+                memory_bandwidth_bytes_per_s=figures["memory_bandwidth"],
+                links=links,
+                properties=properties,
+            )
+        )
     return devices
 
 

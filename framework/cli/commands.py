@@ -65,9 +65,14 @@ def _route_text(topology: Topology, src: str, dst: str) -> str:
     return "NET" if any(hop.kind == "network" for hop in hops) else "HOST"
 
 
-def topology_table(topology: Topology) -> Table:
+# Above this many devices the device-by-device matrix is drawn for one host of each shape, and
+# the hosts' network is one line: a 1,000-device matrix is a million cells nobody reads.
+MATRIX_DEVICES = 16
+
+
+def topology_table(topology: Topology, devices: tuple[DeviceSpec, ...] | None = None) -> Table:
     """An ``nvidia-smi topo -m`` style matrix: the direct link, or how a transfer is routed."""
-    ids = [device.id for device in topology.devices]
+    ids = [device.id for device in devices or topology.devices]
     table = Table(
         title=f"Topology (route for {bytes_text(TOPOLOGY_PROBE_BYTES)} transfers)",
         title_justify="left",
@@ -80,23 +85,75 @@ def topology_table(topology: Topology) -> Table:
     return table
 
 
-def _topology_json(topology: Topology) -> list[dict[str, Any]]:
-    pairs = []
-    for src in topology.devices:
-        for dst in topology.devices:
-            if src.id == dst.id:
-                continue
-            hops = topology.route(TOPOLOGY_PROBE_BYTES, src.id, dst.id)
-            pairs.append(
-                {
-                    "src": src.id,
-                    "dst": dst.id,
-                    "route": [hop.kind for hop in hops],
-                    "bandwidth_bytes_per_s": min(hop.bandwidth_bytes_per_s for hop in hops),
-                    "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
-                }
+def _by_host(devices: tuple[DeviceSpec, ...]) -> dict[str, tuple[DeviceSpec, ...]]:
+    hosts: dict[str, list[DeviceSpec]] = {}
+    for device in devices:
+        hosts.setdefault(device.host, []).append(device)
+    return {host: tuple(members) for host, members in hosts.items()}
+
+
+def _topology_json(topology: Topology) -> dict[str, Any]:
+    """Routes factored as the topology builds them: every pair inside a host and every pair
+    with its own link (``pairs``), and host to host (``hosts``: a device on host A reaches a
+    device on host B through its host link, this network hop, and the other's host link)."""
+
+    def pair(src: str, dst: str) -> dict[str, Any]:
+        hops = topology.route(TOPOLOGY_PROBE_BYTES, src, dst)
+        return {
+            "src": src,
+            "dst": dst,
+            "route": [hop.kind for hop in hops],
+            "bandwidth_bytes_per_s": min(hop.bandwidth_bytes_per_s for hop in hops),
+            "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
+        }
+
+    pairs: list[dict[str, Any]] = []
+    hosts = _by_host(topology.devices)
+    for members in hosts.values():
+        for src in members:
+            pairs.extend(pair(src.id, dst.id) for dst in members if dst.id != src.id)
+            pairs.extend(
+                pair(src.id, hop.dst)
+                for hop in topology.direct_peers(src.id)
+                if topology.device(hop.dst).host != src.host
             )
-    return pairs
+    network = []
+    for src_host in hosts:
+        for dst_host in hosts:
+            if src_host != dst_host:
+                hop = topology.network_hop(src_host, dst_host)
+                network.append(
+                    {
+                        "src": src_host,
+                        "dst": dst_host,
+                        "route": [hop.kind],
+                        "bandwidth_bytes_per_s": hop.bandwidth_bytes_per_s,
+                        "latency_s": hop.latency_s,
+                    }
+                )
+    return {"pairs": pairs, "hosts": network}
+
+
+def _print_topology(console: Console, topology: Topology) -> None:
+    devices = topology.devices
+    if len(devices) <= MATRIX_DEVICES:
+        console.print(topology_table(topology))
+        return
+    hosts = _by_host(devices)
+    shapes: dict[tuple[str, ...], list[str]] = {}
+    for host, members in hosts.items():
+        shapes.setdefault(tuple(d.vendor_name for d in members), []).append(host)
+    for alike in shapes.values():
+        host = alike[0]
+        console.print(f"Host {host} ({len(alike)} host(s) of this shape):")
+        console.print(topology_table(topology, hosts[host]))
+    if len(hosts) > 1:
+        first, second = list(hosts)[:2]
+        hop = topology.network_hop(first, second)
+        console.print(
+            f"{len(hosts)} hosts, each pair joined by the network: "
+            f"{rate_text(hop.bandwidth_bytes_per_s, 'B/s')}, {seconds_text(hop.latency_s)}"
+        )
 
 
 def run_policy_devices(
@@ -121,7 +178,7 @@ def run_policy_devices(
     console.print(devices_table(fleet.devices, title))
     _print_fleet_notes(console, fleet)
     if len(fleet.devices) > 1:
-        console.print(topology_table(topology))
+        _print_topology(console, topology)
     return 0
 
 

@@ -112,7 +112,8 @@ class DeviceOverride(_Frozen):
 
 
 class SimulatedDeviceGroup(_Frozen):
-    """``count`` identical simulated devices, for planning and the simulator.
+    """``count`` identical simulated devices per host, on ``hosts`` hosts, for planning and the
+    simulator (``hosts: 125`` with ``count: 8`` is a 1,000-device fleet in one group).
 
     Figures come from ``preset`` (see ``hetero.framework.device_presets``) and any key given
     here overrides the preset's; without a preset, class, vendor_name, memory,
@@ -125,6 +126,7 @@ class SimulatedDeviceGroup(_Frozen):
     vendor_name: Name | None = None
     count: PositiveInt = 1
     host: Name = "sim-host-0"
+    hosts: PositiveInt = 1
     memory: PositiveBytes | None = None
     memory_bandwidth: Bandwidth | None = None
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None

@@ -342,10 +342,8 @@ class Scheduler:
                 # keeps outputs as host arrays, so it costs a host-to-device copy.
                 total += handle.size_bytes * fleet.ingress_inverse_bandwidth
             else:
-                total += (
-                    fleet.route_latency[src]
-                    + handle.size_bytes * fleet.route_inverse_bandwidth[src]
-                )
+                latency, inverse_bandwidth = fleet.routes_from(src)
+                total += latency + handle.size_bytes * inverse_bandwidth
         return total
 
     def _choose(
