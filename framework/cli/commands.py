@@ -11,7 +11,7 @@ from hetero.framework.cli.output import print_json
 from hetero.framework.cli.units import bytes_text, rate_text, seconds_text
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
-from hetero.framework.plan import plan_policy
+from hetero.framework.plan import DeviceCost, plan_policy
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
 from hetero.framework.stage_plugin import plugin_hints, stage_plugins
@@ -216,6 +216,22 @@ def _print_fleet_notes(console: Console, fleet: Fleet) -> None:
         console.print(f"[dim]{device_id}: {reason}[/]", highlight=False)
 
 
+def _alike_runs(costs: tuple[DeviceCost, ...]) -> list[tuple[DeviceCost, int]]:
+    """Devices in cost order, a run of identical costs as its first device and the run's
+    length: a 1,000-device fleet of eight-GPU hosts is a few rows, not thousands."""
+    runs: list[tuple[DeviceCost, int]] = []
+    for cost in costs:
+        if runs and _same_cost(runs[-1][0], cost):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((cost, 1))
+    return runs
+
+
+def _same_cost(a: DeviceCost, b: DeviceCost) -> bool:
+    return (a.per_item_s, a.bound, a.load_s) == (b.per_item_s, b.bound, b.load_s)
+
+
 def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bool) -> int:
     """Validate a policy and print, per stage, eligible devices and roofline cost per item."""
     policy = load_policy(policy_path)
@@ -250,13 +266,13 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
     for plan in plans:
         if not plan.costs:
             table.add_row(plan.stage, plan.variant, "", "[red]no eligible device[/]", "", "", "")
-        for index, cost in enumerate(plan.costs):
+        for index, (cost, alike) in enumerate(_alike_runs(plan.costs)):
             first = index == 0
             table.add_row(
                 plan.stage if first else "",
                 plan.variant if first else "",
                 f"{plan.arithmetic_intensity:.3g}" if first else "",
-                cost.device_id,
+                cost.device_id if alike == 1 else f"{cost.device_id} and {alike - 1} alike",
                 seconds_text(cost.per_item_s),
                 cost.bound,
                 seconds_text(cost.load_s),
