@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
@@ -22,7 +23,7 @@ from hetero.framework.policy.schema import DeviceOverride, DevicesConfig, Simula
 from hetero.framework.registry import Detection, Registry
 from hetero.framework.topology import Topology
 
-__all__ = ["Fleet", "discover_devices", "resolve_fleet", "simulated_devices"]
+__all__ = ["Fleet", "backend_for", "discover_devices", "resolve_fleet", "simulated_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +134,12 @@ def _host_devices(
 
 
 def _matches(pattern: str, device: DeviceSpec) -> bool:
-    return any(
-        fnmatch.fnmatchcase(name, pattern)
-        for name in (device.id, device.backend, device.device_class.value)
-    )
+    # A cluster node's device answers to its own backend's name too (npu, not only ray).
+    names = (device.id, device.backend, device.device_class.value)
+    node_backend = device.properties.get("node_backend")
+    if isinstance(node_backend, str):
+        names += (node_backend,)
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
 
 
 def _override(device: DeviceSpec, override: DeviceOverride) -> DeviceSpec:
@@ -182,11 +185,16 @@ def apply_device_rules(
 
 
 def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
-    """The fleet ``policy`` runs on, here."""
+    """The fleet ``policy`` runs on: its simulated devices, else the devices of every node of
+    its Ray cluster (``cluster.engine: ray``), else what this host's backends discover."""
     config = policy.spec.devices
     unavailable: list[Detection] = []
     if config.simulated:
         found = simulated_devices(config.simulated)
+    elif policy.spec.cluster.engine == "ray":
+        from hetero.framework.cluster import connect
+
+        found = list(connect(policy.spec.cluster).devices)
     else:
         found, unavailable = discover_devices(registry)
     devices, excluded = apply_device_rules(found, config)
@@ -198,3 +206,13 @@ def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
         network_bandwidth_bytes_per_s=config.network.bandwidth,
         network_latency_s=config.network.latency_us * 1e-6,
     )
+
+
+def backend_for(name: str, policy: Policy, registry: Registry) -> Backend:
+    """The backend that runs a fleet's devices of backend ``name``: the registry's, or, for a
+    Ray cluster's devices, the backend over its node agents."""
+    if name == "ray" and policy.spec.cluster.engine == "ray":
+        from hetero.framework.cluster import connect
+
+        return connect(policy.spec.cluster).backend
+    return registry.backend(name)

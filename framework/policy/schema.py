@@ -35,6 +35,7 @@ __all__ = [
     "BatchingConfig",
     "CacheConfig",
     "CircuitBreakerConfig",
+    "ClusterConfig",
     "DevicesConfig",
     "MaskingConfig",
     "PartitionConfig",
@@ -504,6 +505,15 @@ class ServerConfig(_Frozen):
 # --- the whole file ----------------------------------------------------------------------------
 
 
+class ClusterConfig(_Frozen):
+    """Where the engine runs its devices: this process (``embedded``), or a Ray cluster
+    (``ray``, the ``hetero[ray]`` extra) whose every node's devices join one fleet."""
+
+    engine: Literal["embedded", "ray"] = "embedded"
+    address: StrictStr = "auto"  # ray.init's: "auto" (a running cluster) or "ray://host:port"
+    namespace: Name = "hetero"
+
+
 class PolicySpec(_Frozen):
     """One policy file."""
 
@@ -524,3 +534,4 @@ class PolicySpec(_Frozen):
     audit: AuditConfig = AuditConfig()
     sandbox: SandboxConfig = SandboxConfig()
     server: ServerConfig = ServerConfig()
+    cluster: ClusterConfig = ClusterConfig()

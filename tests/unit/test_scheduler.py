@@ -3,6 +3,8 @@ breakers, rejections and the alternative placement policies."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hetero.framework.devices import DeviceClass, DeviceSpec
@@ -346,3 +348,20 @@ def test_runtimes_over_one_host_cpu_share_its_backlog() -> None:
     assert set(_placements(("host", "host"))) == {"npu:fast/CPU"}
     # The control: the same devices on two hosts are independent, and the backlog spreads.
     assert set(_placements(("host-a", "host-b"))) == {"npu:fast/CPU", "npu:slow/CPU"}
+
+
+def test_devices_that_join_are_placed_on_and_the_old_ones_keep_their_state() -> None:
+    scheduler, _ = make()
+    first = place(scheduler, task("llm"))  # resident and busy on one of the four A100s
+    joined = [
+        dataclasses.replace(d, id=f"sim:joined-{i}", host="third", links=())
+        for i, d in enumerate(scheduler.devices[:2])
+    ]
+    everything = list(scheduler.devices) + joined
+    scheduler.add_devices(joined, Topology(everything))
+    index = scheduler.fleet.index[first.device_id]
+    assert scheduler.tables["llm/full"].resident[index]
+    assert scheduler.in_flight[index] == 1
+    placed = {place(scheduler, task("vision")).device_id for _ in range(12)}
+    assert placed & {d.id for d in joined}  # the newcomers take work
+    assert scheduler.fleet.hosts == 3
