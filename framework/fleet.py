@@ -135,7 +135,7 @@ def _host_devices(
 
 def _matches(pattern: str, device: DeviceSpec) -> bool:
     # A cluster node's device answers to its own backend's name too (npu, not only ray).
-    names = (device.id, device.backend, device.device_class.value)
+    names: tuple[str, ...] = (device.id, device.backend, device.device_class.value)
     node_backend = device.properties.get("node_backend")
     if isinstance(node_backend, str):
         names += (node_backend,)
