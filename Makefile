@@ -61,7 +61,7 @@ typecheck: venv
 # Everything, with the conformance suite against the real npu backend; then the suite alone
 # against the sim backend and the dummy out-of-tree plugin.
 pytest: deps-test venv
-	$(BIN)/pytest -q --hetero-backend=npu --ignore=tests/ray
+	$(BIN)/pytest -q --hetero-backend=npu
 	$(BIN)/pytest -q --hetero-backend=sim tests/backends/test_conformance.py
 	$(BIN)/pytest -q --hetero-backend=dummy tests/backends/test_conformance.py
 

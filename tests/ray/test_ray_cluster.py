@@ -4,6 +4,10 @@ the CPU), real ONNX graphs run on the nodes. Run by ``make test-ray`` in its own
 
 from __future__ import annotations
 
+import json
+import pathlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import wait
 from typing import Any
@@ -125,6 +129,26 @@ def run_all(engine: Engine, count: int) -> list[Any]:
     for x, result in zip(inputs, results, strict=True):
         np.testing.assert_allclose(result.outputs["head"]["y"], expected(x), rtol=1e-4, atol=1e-4)
     return results
+
+
+def test_hetero_devices_lists_every_node_of_the_cluster(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    policy = tmp_path / "cluster.yaml"
+    policy.write_text(POLICY.format(address=cluster.address))
+    hetero = pathlib.Path(sys.executable).with_name("hetero")
+    result = subprocess.run(
+        [str(hetero), "devices", "--policy", str(policy), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    devices = json.loads(result.stdout)["devices"]
+    nodes = {d["properties"]["node_id"] for d in devices}
+    assert nodes == {str(n.node_id) for n in [cluster.head_node, *cluster.worker_nodes]}
+    assert {d["properties"]["node_backend"] for d in devices} == {"npu"}
 
 
 def test_one_fleet_across_nodes_survives_a_node_lost_and_takes_a_node_that_joins(
