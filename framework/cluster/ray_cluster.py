@@ -27,7 +27,7 @@ from typing import Any
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
 from hetero.framework.devices import DeviceSpec, Telemetry
-from hetero.framework.errors import DeviceUnhealthyError
+from hetero.framework.errors import DeviceUnhealthyError, UnsupportedCapabilityError
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy.schema import ClusterConfig
 
@@ -113,6 +113,12 @@ class RayBackend(Backend):
             return  # its node is gone, and the model with it
         agent = self._agent_of[model.device_id]
         agent.unload.remote(model.native)  # fire and forget: nobody waits on an eviction
+
+    def _native(self, model: LoadedModel) -> Any:
+        raise UnsupportedCapabilityError(
+            f"{model.device_id}: a stage that drives its model's runtime object itself (a KV"
+            " cache loop) cannot run on a Ray node yet; only graph runs cross the cluster"
+        )
 
     def _run(self, model: LoadedModel, inputs: Any) -> dict[str, Any]:
         result = self._call(model.device_id, "run", model.native, dict(inputs))
