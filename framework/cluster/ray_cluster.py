@@ -27,7 +27,11 @@ from typing import Any
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
 from hetero.framework.devices import DeviceSpec, Telemetry
-from hetero.framework.errors import DeviceUnhealthyError, UnsupportedCapabilityError
+from hetero.framework.errors import (
+    BackendUnavailableError,
+    DeviceUnhealthyError,
+    UnsupportedCapabilityError,
+)
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy.schema import ClusterConfig
 
@@ -40,8 +44,19 @@ AGENT_CONCURRENCY = 16  # lanes of one node's devices run side by side, as threa
 
 
 def _ray() -> Any:
-    import ray  # the hetero[ray] extra: imported only when a policy asks for the cluster
-
+    try:
+        import ray  # the hetero[ray] extra: imported only when a policy asks for the cluster
+    except ImportError as err:
+        raise BackendUnavailableError(
+            RAY_BACKEND, f"the policy asks for a Ray cluster: pip install 'hetero[ray]' ({err})"
+        ) from err
+    except KeyError as err:
+        # amdsmi's import raises KeyError where ROCm is missing; Ray 2.60 expects ImportError.
+        raise BackendUnavailableError(
+            RAY_BACKEND,
+            f"ray failed to import ({err!r}): the amdsmi package is installed without ROCm"
+            " (the rocm extra); install Ray in a venv without it, or install ROCm",
+        ) from err
     return ray
 
 
@@ -131,7 +146,14 @@ class RayCluster:
     def __init__(self, config: ClusterConfig) -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=config.address, namespace=config.namespace, log_to_driver=False)
+            try:
+                ray.init(address=config.address, namespace=config.namespace, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as err:
+                raise BackendUnavailableError(
+                    RAY_BACKEND,
+                    f"no Ray cluster at {config.address!r} (start one with `ray start --head`,"
+                    f" or set cluster.address): {err}",
+                ) from err
         self.config = config
         self.backend = RayBackend()
         self._agents: dict[str, Any] = {}
