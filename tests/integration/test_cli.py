@@ -143,12 +143,8 @@ def test_devices_of_a_simulated_policy_with_topology() -> None:
     assert routes[("sim:a100-0", "sim:a100-1")] == ["nvlink"]
     assert routes[("sim:mi300x-0", "sim:mi300x-1")] == ["xgmi"]
     assert ("sim:a100-0", "sim:mi300x-0") not in routes  # two hosts: host to host, below
-    hosts = {(p["src"], p["dst"]): p["route"] for p in payload["topology"]["hosts"]}
-    a100_host, mi300x_host = (
-        next(d["host"] for d in payload["devices"] if d["id"] == device)
-        for device in ("sim:a100-0", "sim:mi300x-0")
-    )
-    assert hosts[(a100_host, mi300x_host)] == ["network"]
+    assert set(payload["topology"]["hosts"]) == {d["host"] for d in payload["devices"]}
+    assert payload["topology"]["network"]["route"] == ["network"]
     a100 = hetero("devices", "--policy", "policies/sim/8xa100.yaml", "--json")
     assert a100.returncode == 0, a100.stderr
     pairs = json.loads(a100.stdout)["topology"]["pairs"]

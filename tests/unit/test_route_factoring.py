@@ -17,7 +17,10 @@ from hetero.framework.topology import HOST_PREFIX, Hop, Topology
 
 def searched_route(topology: Topology, size: float, src: str, dst: str) -> tuple[Hop, ...]:
     """The route by Dijkstra over every node (the implementation the factoring replaced)."""
-    edges = topology._edges
+    edges = {node: dict(hops) for node, hops in topology._edges.items()}
+    for a in topology.hosts:  # the host mesh, as the graph used to hold it
+        for b in topology.hosts - {a}:
+            edges[HOST_PREFIX + a][HOST_PREFIX + b] = topology.network_hop(a, b)
     best: dict[str, float] = {src: 0.0}
     came_by: dict[str, Hop] = {}
     frontier: list[tuple[float, str]] = [(0.0, src)]
