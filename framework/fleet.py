@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
@@ -20,7 +23,7 @@ from hetero.framework.policy.schema import DeviceOverride, DevicesConfig, Simula
 from hetero.framework.registry import Detection, Registry
 from hetero.framework.topology import Topology
 
-__all__ = ["Fleet", "discover_devices", "resolve_fleet", "simulated_devices"]
+__all__ = ["Fleet", "backend_for", "discover_devices", "resolve_fleet", "simulated_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,54 +80,69 @@ def discover_devices(registry: Registry) -> tuple[list[DeviceSpec], list[Detecti
 
 
 def simulated_devices(groups: tuple[SimulatedDeviceGroup, ...]) -> list[DeviceSpec]:
-    """DeviceSpecs for the policy's simulated groups; devices of a group are fully linked."""
+    """DeviceSpecs for the policy's simulated groups: ``count`` devices on each of ``hosts``
+    hosts (``<host>-<n>`` when there are several), ids ``sim:<name>-<index>`` numbered across
+    the group; the devices of one host are fully linked."""
     devices: list[DeviceSpec] = []
     for group in groups:
         figures = resolve_group(group)
-        ids = [f"{SIM_BACKEND}:{group.name}-{index}" for index in range(group.count)]
-        interconnect = figures["interconnect"]
-        for device_id in ids:
-            links: tuple[Link, ...] = ()
-            if interconnect != "none" and figures.get("interconnect_bandwidth"):
-                links = tuple(
-                    Link(
-                        peer=peer,
-                        kind=LinkKind(interconnect),
-                        bandwidth_bytes_per_s=figures["interconnect_bandwidth"],
-                    )
-                    for peer in ids
-                    if peer != device_id
+        for host_index in range(group.hosts):
+            host = group.host if group.hosts == 1 else f"{group.host}-{host_index}"
+            first = host_index * group.count
+            ids = [f"{SIM_BACKEND}:{group.name}-{i}" for i in range(first, first + group.count)]
+            devices.extend(_host_devices(group, figures, host, ids))
+    return devices
+
+
+def _host_devices(
+    group: SimulatedDeviceGroup, figures: Mapping[str, Any], host: str, ids: list[str]
+) -> list[DeviceSpec]:
+    devices = []
+    interconnect = figures["interconnect"]
+    for device_id in ids:
+        links: tuple[Link, ...] = ()
+        if interconnect != "none" and figures.get("interconnect_bandwidth"):
+            links = tuple(
+                Link(
+                    peer=peer,
+                    kind=LinkKind(interconnect),
+                    bandwidth_bytes_per_s=figures["interconnect_bandwidth"],
                 )
-            properties: dict[str, object] = {"simulated": True, "group": group.name}
-            if group.preset:
-                properties["preset"] = group.preset
-            for key in ("site", "zone"):
-                if getattr(group, key) is not None:
-                    properties[key] = getattr(group, key)
-            if figures.get("host_bandwidth"):
-                properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
-            devices.append(
-                DeviceSpec(
-                    id=device_id,
-                    device_class=DeviceClass(figures["class"]),
-                    vendor_name=figures["vendor_name"],
-                    backend=SIM_BACKEND,
-                    host=group.host,
-                    memory_bytes=int(figures["memory"]),
-                    peak_flops=dict(figures["peak_flops"]),
-                    memory_bandwidth_bytes_per_s=figures["memory_bandwidth"],
-                    links=links,
-                    properties=properties,
-                )
+                for peer in ids
+                if peer != device_id
             )
+        properties: dict[str, object] = {"simulated": True, "group": group.name}
+        if group.preset:
+            properties["preset"] = group.preset
+        for key in ("site", "zone"):
+            if getattr(group, key) is not None:
+                properties[key] = getattr(group, key)
+        if figures.get("host_bandwidth"):
+            properties["host_bandwidth_bytes_per_s"] = figures["host_bandwidth"]
+        devices.append(
+            DeviceSpec(
+                id=device_id,
+                device_class=DeviceClass(figures["class"]),
+                vendor_name=figures["vendor_name"],
+                backend=SIM_BACKEND,
+                host=host,
+                memory_bytes=int(figures["memory"]),
+                peak_flops=dict(figures["peak_flops"]),
+                memory_bandwidth_bytes_per_s=figures["memory_bandwidth"],
+                links=links,
+                properties=properties,
+            )
+        )
     return devices
 
 
 def _matches(pattern: str, device: DeviceSpec) -> bool:
-    return any(
-        fnmatch.fnmatchcase(name, pattern)
-        for name in (device.id, device.backend, device.device_class.value)
-    )
+    # A cluster node's device answers to its own backend's name too (npu, not only ray).
+    names: tuple[str, ...] = (device.id, device.backend, device.device_class.value)
+    node_backend = device.properties.get("node_backend")
+    if isinstance(node_backend, str):
+        names += (node_backend,)
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
 
 
 def _override(device: DeviceSpec, override: DeviceOverride) -> DeviceSpec:
@@ -173,11 +191,16 @@ def apply_device_rules(
 
 
 def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
-    """The fleet ``policy`` runs on, here."""
+    """The fleet ``policy`` runs on: its simulated devices, else the devices of every node of
+    its Ray cluster (``cluster.engine: ray``), else what this host's backends discover."""
     config = policy.spec.devices
     unavailable: list[Detection] = []
     if config.simulated:
         found = simulated_devices(config.simulated)
+    elif policy.spec.cluster.engine == "ray":
+        from hetero.framework.cluster import connect
+
+        found = list(connect(policy.spec.cluster).devices)
     else:
         found, unavailable = discover_devices(registry)
     devices, excluded = apply_device_rules(found, config)
@@ -189,3 +212,13 @@ def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
         network_bandwidth_bytes_per_s=config.network.bandwidth,
         network_latency_s=config.network.latency_us * 1e-6,
     )
+
+
+def backend_for(name: str, policy: Policy, registry: Registry) -> Backend:
+    """The backend that runs a fleet's devices of backend ``name``: the registry's, or, for a
+    Ray cluster's devices, the backend over its node agents."""
+    if name == "ray" and policy.spec.cluster.engine == "ray":
+        from hetero.framework.cluster import connect
+
+        return connect(policy.spec.cluster).backend
+    return registry.backend(name)

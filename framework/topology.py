@@ -10,8 +10,6 @@ ones prefer wide links. The scheduler uses it for pipeline affinity.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -74,16 +72,10 @@ class Topology:
             host = HOST_PREFIX + device.host
             self._add(Hop(device.id, host, "host", bandwidth, latency))
             self._add(Hop(host, device.id, "host", bandwidth, latency))
-        for a, b in itertools.permutations(hosts, 2):
-            self._add(
-                Hop(
-                    HOST_PREFIX + a,
-                    HOST_PREFIX + b,
-                    LinkKind.NETWORK.value,
-                    network_bandwidth_bytes_per_s,
-                    network_latency_s,
-                )
-            )
+        # Every pair of hosts is joined by the same network link: kept as its figures, not as
+        # hosts x hosts edges (a 10,000-device fleet has 1,250 hosts, 1.6 million pairs).
+        self._hosts = frozenset(hosts)
+        self._network = (network_bandwidth_bytes_per_s, network_latency_s)
 
     def _add(self, hop: Hop) -> None:
         edges = self._edges.setdefault(hop.src, {})
@@ -97,41 +89,74 @@ class Topology:
         """The devices in the model."""
         return tuple(self._devices.values())
 
+    def device(self, device_id: str) -> DeviceSpec:
+        """The device ``device_id`` (:class:`UnknownDeviceError` if it is not in the model)."""
+        self._check(device_id)
+        return self._devices[device_id]
+
     def _check(self, device_id: str) -> None:
         if device_id not in self._devices:
             raise UnknownDeviceError(device_id)
 
+    def host_hop(self, device_id: str) -> Hop:
+        """The link from a device to its host's memory (the same figures both ways)."""
+        self._check(device_id)
+        return self._edges[device_id][HOST_PREFIX + self._devices[device_id].host]
+
+    @property
+    def hosts(self) -> frozenset[str]:
+        """The hosts the devices sit in."""
+        return self._hosts
+
+    def network_hop(self, src_host: str, dst_host: str) -> Hop:
+        """The network link from host ``src_host`` to host ``dst_host`` (two different hosts)."""
+        if src_host == dst_host or not {src_host, dst_host} <= self._hosts:
+            raise KeyError(f"no network hop from host {src_host!r} to host {dst_host!r}")
+        bandwidth, latency = self._network
+        return Hop(
+            HOST_PREFIX + src_host,
+            HOST_PREFIX + dst_host,
+            LinkKind.NETWORK.value,
+            bandwidth,
+            latency,
+        )
+
+    def direct_peers(self, device_id: str) -> tuple[Hop, ...]:
+        """The device's own links to other devices of the model (NVLink, xGMI, PCIe peer)."""
+        self._check(device_id)
+        return tuple(
+            hop for hop in self._edges[device_id].values() if not hop.dst.startswith(HOST_PREFIX)
+        )
+
     def route(self, size: float, src: str, dst: str) -> tuple[Hop, ...]:
-        """The cheapest route for ``size`` bytes from ``src`` to ``dst`` (empty when equal)."""
+        """The cheapest route for ``size`` bytes from ``src`` to ``dst`` (empty when equal).
+
+        A route passes through a device only at its ends, so it is either the devices' own
+        link or "inside a host, then host to host": ``src`` up to its host, the network hop
+        when the hosts differ, down to ``dst``. Hosts are a complete graph of identical
+        network links, so a detour through a third host (two latencies, two store-and-forward
+        copies of the same bytes) never beats the direct hop. This is what a shortest-path
+        search over the whole graph finds, in constant time (the via-host route wins only
+        when strictly cheaper, as the search breaks ties).
+        """
         self._check(src)
         self._check(dst)
         if src == dst:
             return ()
-        best: dict[str, float] = {src: 0.0}
-        came_by: dict[str, Hop] = {}
-        frontier: list[tuple[float, str]] = [(0.0, src)]
-        while frontier:
-            cost, node = heapq.heappop(frontier)
-            if node == dst:
-                break
-            if cost > best.get(node, float("inf")):
-                continue
-            for hop in self._edges.get(node, {}).values():
-                # A route passes through a device only at its ends; in between, only hosts.
-                if hop.dst != dst and not hop.dst.startswith(HOST_PREFIX):
-                    continue
-                candidate = cost + hop.seconds(size)
-                if candidate < best.get(hop.dst, float("inf")):
-                    best[hop.dst] = candidate
-                    came_by[hop.dst] = hop
-                    heapq.heappush(frontier, (candidate, hop.dst))
-        hops: list[Hop] = []
-        node = dst
-        while node != src:
-            hop = came_by[node]
-            hops.append(hop)
-            node = hop.src
-        return tuple(reversed(hops))
+        up = self.host_hop(src)
+        down = self._edges[HOST_PREFIX + self._devices[dst].host][dst]
+        src_host, dst_host = self._devices[src].host, self._devices[dst].host
+        if src_host == dst_host:
+            via: tuple[Hop, ...] = (up, down)
+        else:
+            via = (up, self.network_hop(src_host, dst_host), down)
+        direct = self._edges[src].get(dst)
+        if direct is None:
+            return via
+        via_cost = 0.0
+        for hop in via:  # summed hop by hop, as the search accumulates it
+            via_cost += hop.seconds(size)
+        return via if via_cost < 0.0 + direct.seconds(size) else (direct,)
 
     def transfer_time(self, size: float, src: str, dst: str) -> float:
         """Seconds to move ``size`` bytes from device ``src`` to device ``dst``."""

@@ -12,7 +12,7 @@ from hetero.framework.cli.output import print_json
 from hetero.framework.cli.units import bytes_text, rate_text, seconds_text
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
-from hetero.framework.plan import plan_policy
+from hetero.framework.plan import DeviceCost, plan_policy
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Detection, Registry
 from hetero.framework.stage_plugin import plugin_hints, stage_plugins
@@ -93,9 +93,14 @@ def _route_text(topology: Topology, src: str, dst: str) -> str:
     return "NET" if any(hop.kind == "network" for hop in hops) else "HOST"
 
 
-def topology_table(topology: Topology) -> Table:
+# Above this many devices the device-by-device matrix is drawn for one host of each shape, and
+# the hosts' network is one line: a 1,000-device matrix is a million cells nobody reads.
+MATRIX_DEVICES = 16
+
+
+def topology_table(topology: Topology, devices: tuple[DeviceSpec, ...] | None = None) -> Table:
     """An ``nvidia-smi topo -m`` style matrix: the direct link, or how a transfer is routed."""
-    ids = [device.id for device in topology.devices]
+    ids = [device.id for device in devices or topology.devices]
     table = Table(
         title=f"Topology (route for {bytes_text(TOPOLOGY_PROBE_BYTES)} transfers)",
         title_justify="left",
@@ -108,23 +113,71 @@ def topology_table(topology: Topology) -> Table:
     return table
 
 
-def _topology_json(topology: Topology) -> list[dict[str, Any]]:
-    pairs = []
-    for src in topology.devices:
-        for dst in topology.devices:
-            if src.id == dst.id:
-                continue
-            hops = topology.route(TOPOLOGY_PROBE_BYTES, src.id, dst.id)
-            pairs.append(
-                {
-                    "src": src.id,
-                    "dst": dst.id,
-                    "route": [hop.kind for hop in hops],
-                    "bandwidth_bytes_per_s": min(hop.bandwidth_bytes_per_s for hop in hops),
-                    "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
-                }
+def _by_host(devices: tuple[DeviceSpec, ...]) -> dict[str, tuple[DeviceSpec, ...]]:
+    hosts: dict[str, list[DeviceSpec]] = {}
+    for device in devices:
+        hosts.setdefault(device.host, []).append(device)
+    return {host: tuple(members) for host, members in hosts.items()}
+
+
+def _topology_json(topology: Topology) -> dict[str, Any]:
+    """Routes factored as the topology builds them: every pair inside a host and every pair
+    with its own link (``pairs``), the ``hosts``, and the ``network`` hop joining any two of
+    them (a device on host A reaches one on host B through its host link, that hop, and the
+    other's host link). O(devices + links), not devices squared."""
+
+    def pair(src: str, dst: str) -> dict[str, Any]:
+        hops = topology.route(TOPOLOGY_PROBE_BYTES, src, dst)
+        return {
+            "src": src,
+            "dst": dst,
+            "route": [hop.kind for hop in hops],
+            "bandwidth_bytes_per_s": min(hop.bandwidth_bytes_per_s for hop in hops),
+            "transfer_s_64MiB": sum(hop.seconds(TOPOLOGY_PROBE_BYTES) for hop in hops),
+        }
+
+    pairs: list[dict[str, Any]] = []
+    hosts = _by_host(topology.devices)
+    for members in hosts.values():
+        for src in members:
+            pairs.extend(pair(src.id, dst.id) for dst in members if dst.id != src.id)
+            pairs.extend(
+                pair(src.id, hop.dst)
+                for hop in topology.direct_peers(src.id)
+                if topology.device(hop.dst).host != src.host
             )
-    return pairs
+    network: dict[str, Any] | None = None
+    if len(hosts) > 1:
+        first, second = list(hosts)[:2]
+        hop = topology.network_hop(first, second)  # every pair of hosts has this link
+        network = {
+            "route": [hop.kind],
+            "bandwidth_bytes_per_s": hop.bandwidth_bytes_per_s,
+            "latency_s": hop.latency_s,
+        }
+    return {"pairs": pairs, "hosts": list(hosts), "network": network}
+
+
+def _print_topology(console: Console, topology: Topology) -> None:
+    devices = topology.devices
+    if len(devices) <= MATRIX_DEVICES:
+        console.print(topology_table(topology))
+        return
+    hosts = _by_host(devices)
+    shapes: dict[tuple[str, ...], list[str]] = {}
+    for host, members in hosts.items():
+        shapes.setdefault(tuple(d.vendor_name for d in members), []).append(host)
+    for alike in shapes.values():
+        host = alike[0]
+        console.print(f"Host {host} ({len(alike)} host(s) of this shape):")
+        console.print(topology_table(topology, hosts[host]))
+    if len(hosts) > 1:
+        first, second = list(hosts)[:2]
+        hop = topology.network_hop(first, second)
+        console.print(
+            f"{len(hosts)} hosts, each pair joined by the network: "
+            f"{rate_text(hop.bandwidth_bytes_per_s, 'B/s')}, {seconds_text(hop.latency_s)}"
+        )
 
 
 def run_policy_devices(
@@ -149,7 +202,7 @@ def run_policy_devices(
     console.print(devices_table(fleet.devices, title))
     _print_fleet_notes(console, fleet)
     if len(fleet.devices) > 1:
-        console.print(topology_table(topology))
+        _print_topology(console, topology)
     return 0
 
 
@@ -188,6 +241,22 @@ def _print_fleet_notes(console: Console, fleet: Fleet) -> None:
         console.print(f"[dim]{device_id}: {reason}[/]", highlight=False)
 
 
+def _alike_runs(costs: tuple[DeviceCost, ...]) -> list[tuple[DeviceCost, int]]:
+    """Devices in cost order, a run of identical costs as its first device and the run's
+    length: a 1,000-device fleet of eight-GPU hosts is a few rows, not thousands."""
+    runs: list[tuple[DeviceCost, int]] = []
+    for cost in costs:
+        if runs and _same_cost(runs[-1][0], cost):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((cost, 1))
+    return runs
+
+
+def _same_cost(a: DeviceCost, b: DeviceCost) -> bool:
+    return (a.per_item_s, a.bound, a.load_s) == (b.per_item_s, b.bound, b.load_s)
+
+
 def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bool) -> int:
     """Validate a policy and print, per stage, eligible devices and roofline cost per item."""
     policy = load_policy(policy_path)
@@ -222,13 +291,13 @@ def run_plan(console: Console, registry: Registry, policy_path: str, as_json: bo
     for plan in plans:
         if not plan.costs:
             table.add_row(plan.stage, plan.variant, "", "[red]no eligible device[/]", "", "", "")
-        for index, cost in enumerate(plan.costs):
+        for index, (cost, alike) in enumerate(_alike_runs(plan.costs)):
             first = index == 0
             table.add_row(
                 plan.stage if first else "",
                 plan.variant if first else "",
                 f"{plan.arithmetic_intensity:.3g}" if first else "",
-                cost.device_id,
+                cost.device_id if alike == 1 else f"{cost.device_id} and {alike - 1} alike",
                 seconds_text(cost.per_item_s),
                 cost.bound,
                 seconds_text(cost.load_s),

@@ -11,6 +11,7 @@ only when no device is left to try, and then with every device's failure in the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetero.framework.backend import Backend
+from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
 from hetero.framework.engine.metrics import Metrics
@@ -38,7 +40,7 @@ from hetero.framework.errors import (
     ShedError,
     UnknownRouteError,
 )
-from hetero.framework.fleet import Fleet, resolve_fleet
+from hetero.framework.fleet import Fleet, backend_for, resolve_fleet
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
@@ -166,7 +168,7 @@ class Engine:
         self.backends: dict[str, Backend] = {}
         for device in self.fleet.devices:
             if device.backend not in self.backends:
-                self.backends[device.backend] = registry.backend(device.backend)
+                self.backends[device.backend] = backend_for(device.backend, policy, registry)
         self._device_by_id = {d.id: d for d in self.fleet.devices}
         self.scheduler = Scheduler(
             policy,
@@ -1031,6 +1033,22 @@ class Engine:
             self._end(state)
         self.metrics.outcomes.labels(state.route, "failed").inc()
         _settle(state.future, error=error)
+
+    # --- a fleet that grows ----------------------------------------------------------------------
+
+    def add_devices(self, devices: tuple[DeviceSpec, ...] | list[DeviceSpec]) -> None:
+        """Take in devices that joined while running (a Ray node's): the scheduler places on
+        them from now on; their backend must be one the engine already runs (``ray``)."""
+        fresh = [d for d in devices if d.id not in self._device_by_id]
+        if not fresh:
+            return
+        for device in fresh:
+            self._device_by_id[device.id] = device
+            self.models[device.id] = DeviceModels(self.backends[device.backend], device)
+        with self._lock:
+            self.fleet = dataclasses.replace(self.fleet, devices=self.fleet.devices + tuple(fresh))
+            self.scheduler.add_devices(fresh, self.fleet.topology())
+        self._kick()
 
     # --- reporting -----------------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ def _check_simulated(spec: PolicySpec, source: LocatedYaml) -> None:
         missing = [name for name in _REQUIRED_FIGURES if figures.get(name) is None]
         if missing:
             raise source.error(key, f"needs {', '.join(missing)} (or a preset)")
-        sim_ids.update(f"sim:{group.name}-{i}" for i in range(group.count))
+        sim_ids.update(f"sim:{group.name}-{i}" for i in range(group.count * group.hosts))
     if not spec.devices.simulated:
         return
     for device_id, override in spec.devices.overrides.items():

@@ -35,6 +35,7 @@ __all__ = [
     "BatchingConfig",
     "CacheConfig",
     "CircuitBreakerConfig",
+    "ClusterConfig",
     "DevicesConfig",
     "MaskingConfig",
     "PartitionConfig",
@@ -115,7 +116,8 @@ class DeviceOverride(_Frozen):
 
 
 class SimulatedDeviceGroup(_Frozen):
-    """``count`` identical simulated devices, for planning and the simulator.
+    """``count`` identical simulated devices per host, on ``hosts`` hosts, for planning and the
+    simulator (``hosts: 125`` with ``count: 8`` is a 1,000-device fleet in one group).
 
     Figures come from ``preset`` (see ``hetero.framework.device_presets``) and any key given
     here overrides the preset's; without a preset, class, vendor_name, memory,
@@ -130,6 +132,7 @@ class SimulatedDeviceGroup(_Frozen):
     host: Name = "sim-host-0"
     site: Name | None = None
     zone: Name | None = None
+    hosts: PositiveInt = 1
     memory: PositiveBytes | None = None
     memory_bandwidth: Bandwidth | None = None
     peak_flops: Annotated[Mapping[StrictStr, Flops], AfterValidator(_freeze)] | None = None
@@ -556,6 +559,15 @@ class TracingConfig(_Frozen):
 # --- the whole file ----------------------------------------------------------------------------
 
 
+class ClusterConfig(_Frozen):
+    """Where the engine runs its devices: this process (``embedded``), or a Ray cluster
+    (``ray``, the ``hetero[ray]`` extra) whose every node's devices join one fleet."""
+
+    engine: Literal["embedded", "ray"] = "embedded"
+    address: StrictStr = "auto"  # ray.init's: "auto" (a running cluster) or "ray://host:port"
+    namespace: Name = "hetero"
+
+
 class PolicySpec(_Frozen):
     """One policy file."""
 
@@ -577,3 +589,4 @@ class PolicySpec(_Frozen):
     sandbox: SandboxConfig = SandboxConfig()
     server: ServerConfig = ServerConfig()
     tracing: TracingConfig = TracingConfig()
+    cluster: ClusterConfig = ClusterConfig()

@@ -5,6 +5,12 @@ runnable, model fits), the roofline time of the k-th item added to a forming bat
 (resident bytes over the host link plus a fixed init), and, for every pair of devices, the
 latency and inverse bandwidth of the cheapest route (so a transfer of n bytes costs
 ``latency + n * inverse_bandwidth``).
+
+Routes are kept factored, as the topology model builds them: each device's link to its host,
+the network hop between two hosts, and the few device-to-device links that beat going through
+the host. A row of routes from one device is assembled on demand in O(devices), so the fleet
+costs O(devices + links) memory and builds in time linear in the fleet, not one shortest-path
+search per ordered pair into dense n x n tables (a 1,000-device fleet held a million of each).
 """
 
 from __future__ import annotations
@@ -54,17 +60,82 @@ class FleetCosts:
         self.devices = tuple(devices)
         self.index = {device.id: i for i, device in enumerate(self.devices)}
         self.capacity = np.asarray(capacity, dtype=np.int64)
-        count = len(self.devices)
-        self.route_latency = np.zeros((count, count))
-        self.route_inverse_bandwidth = np.zeros((count, count))
+        self._host_of = np.zeros(len(self.devices), dtype=np.int64)
+        hosts: dict[str, int] = {}
+        for i, device in enumerate(self.devices):
+            self._host_of[i] = hosts.setdefault(device.host, len(hosts))
+        # A device's host link carries the same figures up and down.
+        up = [topology.host_hop(d.id) for d in self.devices]
+        self._host_latency = np.array([hop.latency_s for hop in up])
+        self._host_inverse_bandwidth = np.array([1 / hop.bandwidth_bytes_per_s for hop in up])
+        self._network_latency = 0.0
+        self._network_inverse_bandwidth = 0.0
+        if len(hosts) > 1:
+            first, second = list(hosts)[:2]
+            network = topology.network_hop(first, second)  # every host pair has the same link
+            self._network_latency = network.latency_s
+            self._network_inverse_bandwidth = 1 / network.bandwidth_bytes_per_s
+        # Device-to-device links where the link beats the route through the hosts.
+        self._direct: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for i, src in enumerate(self.devices):
-            for j, dst in enumerate(self.devices):
-                if i == j:
-                    continue
-                hops = topology.route(ROUTE_PROBE_BYTES, src.id, dst.id)
-                self.route_latency[i, j] = sum(h.latency_s for h in hops)
-                self.route_inverse_bandwidth[i, j] = sum(1 / h.bandwidth_bytes_per_s for h in hops)
+            targets, latency, inverse = [], [], []
+            for peer in topology.direct_peers(src.id):
+                hops = topology.route(ROUTE_PROBE_BYTES, src.id, peer.dst)
+                if len(hops) == 1:
+                    targets.append(self.index[peer.dst])
+                    latency.append(0.0 + hops[0].latency_s)
+                    inverse.append(0.0 + 1 / hops[0].bandwidth_bytes_per_s)
+            if targets:
+                self._direct[i] = (
+                    np.asarray(targets, dtype=np.int64),
+                    np.asarray(latency),
+                    np.asarray(inverse),
+                )
         self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
+
+    @property
+    def hosts(self) -> int:
+        """How many hosts the fleet spans."""
+        return int(self._host_of.max()) + 1 if len(self.devices) else 0
+
+    def routes_from(self, src: int) -> tuple[FloatArray, FloatArray]:
+        """Latency and inverse bandwidth of the cheapest route from device ``src`` to every
+        device (zero to itself): up to its host, the network hop to another host, down; or the
+        devices' own link where that is cheaper. Hop by hop, summed in route order."""
+        other_host = self._host_of != self._host_of[src]
+        latency = (
+            self._host_latency[src] + np.where(other_host, self._network_latency, 0.0)
+        ) + self._host_latency
+        inverse = (
+            self._host_inverse_bandwidth[src]
+            + np.where(other_host, self._network_inverse_bandwidth, 0.0)
+        ) + self._host_inverse_bandwidth
+        direct = self._direct.get(src)
+        if direct is not None:
+            targets, direct_latency, direct_inverse = direct
+            latency[targets] = direct_latency
+            inverse[targets] = direct_inverse
+        latency[src] = 0.0
+        inverse[src] = 0.0
+        return latency, inverse
+
+    def route(self, src: int, dst: int) -> tuple[float, float]:
+        """Latency and inverse bandwidth of the cheapest route from device ``src`` to ``dst``."""
+        if src == dst:
+            return 0.0, 0.0
+        direct = self._direct.get(src)
+        if direct is not None:
+            hit = np.flatnonzero(direct[0] == dst)
+            if hit.size:
+                return float(direct[1][hit[0]]), float(direct[2][hit[0]])
+        latency = self._host_latency[src]
+        inverse = self._host_inverse_bandwidth[src]
+        if self._host_of[src] != self._host_of[dst]:
+            latency += self._network_latency
+            inverse += self._network_inverse_bandwidth
+        return float(latency + self._host_latency[dst]), float(
+            inverse + self._host_inverse_bandwidth[dst]
+        )
 
     def stage(
         self,
@@ -81,13 +152,17 @@ class FleetCosts:
         marginal = np.zeros((count, hint.max_batch))
         load = np.zeros(count)
         why_not: list[str] = []
+        rows: dict[tuple[float, float], FloatArray] = {}  # a fleet has few kinds of device
         for i, device in enumerate(self.devices):
             peak = device.peak_flops_for(hint.dtype)
             bandwidth = device.memory_bandwidth_bytes_per_s
-            times = [0.0] + [
-                hint.batch_seconds(peak, bandwidth, k) for k in range(1, hint.max_batch + 1)
-            ]
-            marginal[i] = np.diff(times)  # the first item carries the weights' read
+            row = rows.get((peak, bandwidth))
+            if row is None:
+                times = [0.0] + [
+                    hint.batch_seconds(peak, bandwidth, k) for k in range(1, hint.max_batch + 1)
+                ]
+                row = rows[(peak, bandwidth)] = np.diff(times)  # item 1 reads the weights
+            marginal[i] = row
             load[i] = LOAD_INIT_S + hint.resident_bytes / host_link(device)[0]
             reason = ""
             if device.device_class.value not in allowed_classes:

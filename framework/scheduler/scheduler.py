@@ -303,6 +303,55 @@ class Scheduler:
             if key.split("/", 1)[0] == stage:
                 tables.fit(index, slots, resident_bytes)
 
+    def add_devices(self, devices: Sequence[DeviceSpec], topology: Topology) -> None:
+        """Take in devices that joined (a cluster node): they are placed on from now on, with
+        nothing resident; what the others hold, their queues and estimates stay as they are.
+        ``topology`` is the model of the whole fleet, old devices and new."""
+        if not devices:
+            return
+        old = len(self.devices)
+        self.devices = self.devices + tuple(devices)
+        count = len(self.devices)
+        reserve = self.policy.spec.scheduler.memory_reserve_fraction
+        capacity = [int(d.memory_bytes * (1 - reserve)) for d in self.devices]
+        self.fleet = FleetCosts(self.devices, topology, capacity)
+        eviction = self.memory[0].eviction if self.memory else "cost_aware"
+        self.memory.extend(
+            MemoryManager(d.id, c, eviction) for d, c in zip(devices, capacity[old:], strict=True)
+        )
+        for key, tables in list(self.tables.items()):
+            stage, variant = key.split("/", 1)
+            grown = _Tables.fresh(self._costs(stage, variant, tables.costs.hint), count)
+            grown.pending[:old] = tables.pending
+            grown.correction[:old] = tables.correction
+            grown.resident[:old] = tables.resident
+            grown.draining[:old] = tables.draining
+            for index in range(old):
+                fit = self._fits.get((stage, index))
+                if fit is not None:
+                    grown.fit(index, *fit)
+                grown.refresh(index)
+            self.tables[key] = grown
+        spec = self.policy.spec
+        for name, stage_config in spec.stages.items():  # the newcomers' data locality
+            reasons = [locality_mismatch(stage_config.locality, d) for d in devices]
+            self._misplaced[name] = self._misplaced[name] + reasons
+            self._local[name] = np.concatenate(
+                [self._local[name], np.array([not reason for reason in reasons], bool)]
+            )
+        extra = count - old
+        self.backlog = np.concatenate([self.backlog, np.zeros(extra)])
+        self.in_flight = np.concatenate([self.in_flight, np.zeros(extra, np.int64)])
+        self.healthy = np.concatenate([self.healthy, np.ones(extra, bool)])
+        self._breaker_blocked = {
+            name: np.concatenate([blocked, np.zeros(extra, bool)])
+            for name, blocked in self._breaker_blocked.items()
+        }
+        self._compute_group = _compute_groups(self.devices)
+        self._grouped = bool(len(set(self._compute_group.tolist())) < count)
+        self._base_masks.clear()
+        self._unblock()
+
     def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
         """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
         (warm-up timing): every variant's estimate there is scaled to match it."""
@@ -422,10 +471,8 @@ class Scheduler:
                 # keeps outputs as host arrays, so it costs a host-to-device copy.
                 total += handle.size_bytes * fleet.ingress_inverse_bandwidth
             else:
-                total += (
-                    fleet.route_latency[src]
-                    + handle.size_bytes * fleet.route_inverse_bandwidth[src]
-                )
+                latency, inverse_bandwidth = fleet.routes_from(src)
+                total += latency + handle.size_bytes * inverse_bandwidth
         return total
 
     def _choose(

@@ -113,6 +113,11 @@ class _Simulation:
         }
         self.lowest_class = min(sorted(spec.qos.classes), key=lambda q: spec.qos.classes[q].weight)
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
+        # Bytes resident per device, updated where placement moves them (a dispatch), so an
+        # event costs O(devices touched), not a walk over every device of a large fleet.
+        self.used = np.array([m.used for m in self.scheduler.memory], dtype=float)
+        self.order = {d.id: index for index, d in enumerate(devices)}
+        self.waiting: set[str] = set()  # devices with items in a batcher
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}
         self.wake_at = float("inf")
@@ -287,6 +292,9 @@ class _Simulation:
                     self._back_off(run.client)
                 continue
             device = self.devices[outcome.device_id]
+            index = self.order[outcome.device_id]
+            self.used[index] = self.scheduler.memory[index].used
+            self.waiting.add(outcome.device_id)
             for victim in outcome.load.evict:
                 device.loaded.discard(victim)
                 if victim in device.prefetch:
@@ -305,7 +313,8 @@ class _Simulation:
 
     def _start_batches(self) -> None:
         now = self.clock.now()
-        for device in self.devices.values():
+        for device_id in sorted(self.waiting, key=self.order.__getitem__):  # in fleet order
+            device = self.devices[device_id]
             if device.busy:
                 continue
             ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
@@ -314,6 +323,8 @@ class _Simulation:
                 continue
             _, key = min(ready)
             batch = device.batchers[key].take(now)
+            if not any(device.batchers.values()):
+                self.waiting.discard(device_id)
             self._start(device, key, batch)
 
     def _scale(self, dispatch: Dispatch) -> float:
@@ -348,10 +359,8 @@ class _Simulation:
         for handle in dispatch.task.inputs:
             src = fleet.index[handle.device_id]
             if src != dst:
-                total += float(
-                    fleet.route_latency[src, dst]
-                    + handle.size_bytes * fleet.route_inverse_bandwidth[src, dst]
-                )
+                latency, inverse_bandwidth = fleet.route(src, dst)
+                total += latency + handle.size_bytes * inverse_bandwidth
         return total
 
     def _start(self, device: _DeviceSim, key: str, batch: list[Dispatch]) -> None:

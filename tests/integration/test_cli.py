@@ -139,13 +139,15 @@ def test_devices_of_a_simulated_policy_with_topology() -> None:
     payload = json.loads(result.stdout)
     assert payload["simulated"] is True
     assert len(payload["devices"]) == 9
-    routes = {(p["src"], p["dst"]): p["route"] for p in payload["topology"]}
+    routes = {(p["src"], p["dst"]): p["route"] for p in payload["topology"]["pairs"]}
     assert routes[("sim:a100-0", "sim:a100-1")] == ["nvlink"]
     assert routes[("sim:mi300x-0", "sim:mi300x-1")] == ["xgmi"]
-    assert routes[("sim:a100-0", "sim:mi300x-0")] == ["host", "network", "host"]
+    assert ("sim:a100-0", "sim:mi300x-0") not in routes  # two hosts: host to host, below
+    assert set(payload["topology"]["hosts"]) == {d["host"] for d in payload["devices"]}
+    assert payload["topology"]["network"]["route"] == ["network"]
     a100 = hetero("devices", "--policy", "policies/sim/8xa100.yaml", "--json")
     assert a100.returncode == 0, a100.stderr
-    pairs = json.loads(a100.stdout)["topology"]
+    pairs = json.loads(a100.stdout)["topology"]["pairs"]
     assert len(pairs) == 8 * 7
     assert {(p["route"][0], p["bandwidth_bytes_per_s"]) for p in pairs} == {("nvlink", 300e9)}
     table = hetero("devices", "--policy", "policies/sim/8xa100.yaml")

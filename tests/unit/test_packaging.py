@@ -92,3 +92,20 @@ def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
     assert not any(
         name.split("/")[0] in {"framework", "cache", "sandbox", "backends"} for name in names
     )
+
+
+def test_the_embedded_engine_never_imports_ray() -> None:
+    code = (
+        "import sys\n"
+        "from hetero.framework.engine import Engine\n"
+        "from hetero.framework.fleet import resolve_fleet\n"
+        "from hetero.framework.policy import load_policy\n"
+        "from hetero.framework.registry import Registry\n"
+        "import hetero.framework.cluster\n"
+        "resolve_fleet(load_policy('builtin:sim/8xa100'), Registry(use_entry_points=False))\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr

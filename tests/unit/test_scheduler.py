@@ -3,6 +3,8 @@ breakers, rejections and the alternative placement policies."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hetero.framework.devices import DeviceClass, DeviceSpec
@@ -375,3 +377,20 @@ def test_a_device_with_run_slots_takes_that_many_tasks_and_its_own_memory_figure
     assert fitted.backlog[index] == pytest.approx(sum(d.estimate_s for d in running[1:]) / 3)
     with pytest.raises(ValueError, match="slots"):
         fitted.set_device_fit("cpu_only", "sim:cpu-0", slots=0)
+
+
+def test_devices_that_join_are_placed_on_and_the_old_ones_keep_their_state() -> None:
+    scheduler, _ = make()
+    first = place(scheduler, task("llm"))  # resident and busy on one of the four A100s
+    joined = [
+        dataclasses.replace(d, id=f"sim:joined-{i}", host="third", links=())
+        for i, d in enumerate(scheduler.devices[:2])
+    ]
+    everything = list(scheduler.devices) + joined
+    scheduler.add_devices(joined, Topology(everything))
+    index = scheduler.fleet.index[first.device_id]
+    assert scheduler.tables["llm/full"].resident[index]
+    assert scheduler.in_flight[index] == 1
+    placed = {place(scheduler, task("vision")).device_id for _ in range(12)}
+    assert placed & {d.id for d in joined}  # the newcomers take work
+    assert scheduler.fleet.hosts == 3

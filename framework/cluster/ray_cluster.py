@@ -1,0 +1,244 @@
+"""The Ray execution mode: every node's devices as one backend of the engine.
+
+:func:`connect` joins a Ray cluster (``ray.init(address)``), starts one :class:`NodeAgent`
+actor on every alive node, pinned there by node affinity (``soft=False``: it never runs
+elsewhere), and asks each for its devices. The devices come back renamed
+``<backend>:<id>@<node>`` with ``host`` set to the node, so the topology model puts the network
+between nodes, and their ``backend`` is ``ray``: :class:`RayBackend`, a :class:`Backend` whose
+load, run and unload are calls to the owning node's agent. The engine, its lanes, the memory
+manager and the scheduler stay as they are: a lane's load or evict is an actor call, a run's
+inputs and outputs travel through Ray's object store.
+
+A node or agent that dies is a device failure: the call raises, every device of that node is
+marked unhealthy (the engine takes them out of placement after the batch), and the engine
+retries the batch's tasks on other devices. :meth:`RayCluster.refresh` starts agents on nodes
+that joined since and returns their devices (:meth:`Engine.add_devices` takes them in).
+
+Only this module imports ``ray`` (the ``hetero[ray]`` extra); the embedded engine never does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hetero.framework.backend import Backend, Executable, LoadedModel
+from hetero.framework.cluster.agent import NodeAgent
+from hetero.framework.devices import DeviceSpec, Telemetry
+from hetero.framework.errors import (
+    BackendUnavailableError,
+    DeviceUnhealthyError,
+    UnsupportedCapabilityError,
+)
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.policy.schema import ClusterConfig
+
+__all__ = ["RAY_BACKEND", "RayBackend", "RayCluster", "connect"]
+
+logger = logging.getLogger(__name__)
+
+RAY_BACKEND = "ray"
+AGENT_CONCURRENCY = 16  # lanes of one node's devices run side by side, as threads do locally
+
+
+def _ray() -> Any:
+    try:
+        import ray  # the hetero[ray] extra: imported only when a policy asks for the cluster
+    except ImportError as err:
+        raise BackendUnavailableError(
+            RAY_BACKEND, f"the policy asks for a Ray cluster: pip install 'hetero[ray]' ({err})"
+        ) from err
+    except KeyError as err:
+        # amdsmi's import raises KeyError where ROCm is missing; Ray 2.60 expects ImportError.
+        raise BackendUnavailableError(
+            RAY_BACKEND,
+            f"ray failed to import ({err!r}): the amdsmi package is installed without ROCm"
+            " (the rocm extra); install Ray in a venv without it, or install ROCm",
+        ) from err
+    return ray
+
+
+class RayBackend(Backend):
+    """The devices of every node, reached through that node's agent."""
+
+    name = RAY_BACKEND
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._known: dict[str, DeviceSpec] = {}
+        self._formats: dict[str, frozenset[GraphFormat]] = {}
+        self._agent_of: dict[str, Any] = {}  # device id -> the node's agent actor
+        self._node_of: dict[str, str] = {}
+
+    def add(self, node_id: str, agent: Any, devices: list[tuple[DeviceSpec, Any]]) -> None:
+        """Take in the devices one node's agent reported."""
+        with self._lock:
+            for spec, formats in devices:
+                self._known[spec.id] = spec
+                self._formats[spec.id] = frozenset(formats)
+                self._agent_of[spec.id] = agent
+                self._node_of[spec.id] = node_id
+            self._devices = tuple(self._known.values())
+
+    def node_of(self, device_id: str) -> str:
+        """The Ray node id a device lives on."""
+        return self._node_of[device_id]
+
+    def node_lost(self, node_id: str, reason: str) -> None:
+        """Every device of ``node_id`` leaves placement: the node or its agent died."""
+        for device_id, node in list(self._node_of.items()):
+            if node == node_id:
+                self.mark_unhealthy(device_id, reason)
+
+    def accepts(self, graph_format: GraphFormat, device_id: str) -> bool:
+        """What the device's own backend takes on its node."""
+        return graph_format in self._formats.get(device_id, frozenset())
+
+    def _discover(self) -> list[DeviceSpec]:
+        return list(self._known.values())
+
+    def _telemetry(self, device_id: str) -> Telemetry:
+        raise DeviceUnhealthyError(device_id, "telemetry is not read across the cluster yet")
+
+    def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
+        return graph  # compiled on the node, at load
+
+    def _call(self, device_id: str, method: str, *args: Any) -> Any:
+        """``ray.get`` of one agent call; a dead node or agent fails its devices."""
+        ray = _ray()
+        agent = self._agent_of[device_id]
+        try:
+            return ray.get(getattr(agent, method).remote(*args))
+        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError) as err:
+            node = self._node_of[device_id]
+            reason = f"node {node[:12]} left the cluster ({type(err).__name__})"
+            self.node_lost(node, reason)
+            raise DeviceUnhealthyError(device_id, reason) from err
+
+    def _load(self, executable: Executable) -> tuple[Any, int]:
+        device_id = executable.device_id
+        remote_id = self._known[device_id].properties["node_device"]
+        handle, memory_bytes = self._call(device_id, "load", executable.native, remote_id)
+        return handle, int(memory_bytes)
+
+    def _unload(self, model: LoadedModel) -> None:
+        if self.health(model.device_id) is not None:
+            return  # its node is gone, and the model with it
+        agent = self._agent_of[model.device_id]
+        agent.unload.remote(model.native)  # fire and forget: nobody waits on an eviction
+
+    def _native(self, model: LoadedModel) -> Any:
+        raise UnsupportedCapabilityError(
+            f"{model.device_id}: a stage that drives its model's runtime object itself (a KV"
+            " cache loop) cannot run on a Ray node yet; only graph runs cross the cluster"
+        )
+
+    def _run(self, model: LoadedModel, inputs: Any) -> dict[str, Any]:
+        result = self._call(model.device_id, "run", model.native, dict(inputs))
+        return dict(result.outputs)
+
+
+class RayCluster:
+    """A connection to a Ray cluster, its agents and the backend over them."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            try:
+                ray.init(address=config.address, namespace=config.namespace, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as err:
+                raise BackendUnavailableError(
+                    RAY_BACKEND,
+                    f"no Ray cluster at {config.address!r} (start one with `ray start --head`,"
+                    f" or set cluster.address): {err}",
+                ) from err
+        self.config = config
+        self.backend = RayBackend()
+        self._agents: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> list[DeviceSpec]:
+        """Start agents on alive nodes that have none yet; the devices they bring."""
+        ray = _ray()
+        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+        actor = ray.remote(NodeAgent)
+        with self._lock:
+            fresh = {}
+            for node in ray.nodes():
+                node_id = node["NodeID"]
+                if node["Alive"] and node_id not in self._agents:
+                    fresh[node_id] = actor.options(
+                        num_cpus=0,
+                        max_concurrency=AGENT_CONCURRENCY,
+                        max_restarts=0,
+                        scheduling_strategy=strategy(node_id=node_id, soft=False),
+                    ).remote()
+            reports = dict(
+                zip(fresh, ray.get([a.devices.remote() for a in fresh.values()]), strict=True)
+            )
+            self._agents.update(fresh)
+        added: list[DeviceSpec] = []
+        for node_id, devices in reports.items():
+            named = [(_on_node(spec, node_id), formats) for spec, formats in devices]
+            self.backend.add(node_id, fresh[node_id], named)
+            added.extend(spec for spec, _ in named)
+            logger.info("ray node %s: %d devices", node_id[:12], len(named))
+        return added
+
+    def agent(self, node_id: str) -> Any:
+        """The agent actor of ``node_id``."""
+        return self._agents[node_id]
+
+    @property
+    def devices(self) -> tuple[DeviceSpec, ...]:
+        """Every device of every node that has an agent."""
+        return self.backend.devices()
+
+    def watch(self, on_lost: Callable[[str], None]) -> None:
+        """Ask ``on_lost(node_id)`` for every node Ray reports dead (polling, for callers that
+        want to fail a node before a call to it does)."""
+        for node in _ray().nodes():
+            if not node["Alive"] and node["NodeID"] in self._agents:
+                on_lost(node["NodeID"])
+
+
+def _on_node(spec: DeviceSpec, node_id: str) -> DeviceSpec:
+    """A node's device as the fleet sees it: unique id, the node as its host, backend ``ray``."""
+    import dataclasses
+
+    node = f"node-{node_id[:8]}"
+    return dataclasses.replace(
+        spec,
+        id=f"{spec.id}@{node}",
+        backend=RAY_BACKEND,
+        host=node,
+        links=(),  # links name peers of the same node by their local ids: not reachable here
+        properties={
+            **spec.properties,
+            "node_id": node_id,
+            "node_device": spec.id,
+            "node_backend": spec.backend,
+        },
+    )
+
+
+_clusters: dict[tuple[str, str], RayCluster] = {}
+_clusters_lock = threading.Lock()
+
+
+def connect(config: ClusterConfig) -> RayCluster:
+    """The process's connection to the cluster at ``config.address`` (made once)."""
+    key = (config.address, config.namespace)
+    with _clusters_lock:
+        if key not in _clusters:
+            _clusters[key] = RayCluster(config)
+        return _clusters[key]
+
+
+def disconnect() -> None:
+    """Forget every connection (the agents end with the driver); for tests and shutdown."""
+    with _clusters_lock:
+        _clusters.clear()
