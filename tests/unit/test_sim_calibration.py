@@ -16,12 +16,14 @@ from hetero.backends.sim.calibration import (
     load_multiplier,
 )
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
-SPLITWISE = TRACES / "splitwise_perf_model" / "perf_model.csv"
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO.parent / "shared" / "data" / "traces"
+# MIT-licensed, so it ships in the repository (benchmarks/data/splitwise_perf_model/LICENSE-MIT.txt)
+SPLITWISE = REPO / "benchmarks" / "data" / "splitwise_perf_model" / "perf_model.csv"
+# No licence for redistribution (research use only): read where the shared traces are
 ALIBABA = TRACES / "alibaba_gentd26" / "basemodel_update_latency_anon.tar.gz"
 
 
-@pytest.mark.skipif(not SPLITWISE.exists(), reason="splitwise trace not present")
 def test_efficiencies_are_the_ones_the_splitwise_table_gives() -> None:
     assert fit_splitwise(SPLITWISE) == dict(ROOFLINE_EFFICIENCY)
 
