@@ -113,9 +113,6 @@ class _Simulation:
         }
         self.lowest_class = min(sorted(spec.qos.classes), key=lambda q: spec.qos.classes[q].weight)
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
-        # Bytes resident per device, updated where placement moves them (a dispatch), so an
-        # event costs O(devices touched), not a walk over every device of a large fleet.
-        self.used = np.array([m.used for m in self.scheduler.memory], dtype=float)
         self.order = {d.id: index for index, d in enumerate(devices)}
         self.waiting: set[str] = set()  # devices with items in a batcher
         self.last_memory_time = 0.0
@@ -292,8 +289,6 @@ class _Simulation:
                     self._back_off(run.client)
                 continue
             device = self.devices[outcome.device_id]
-            index = self.order[outcome.device_id]
-            self.used[index] = self.scheduler.memory[index].used
             self.waiting.add(outcome.device_id)
             for victim in outcome.load.evict:
                 device.loaded.discard(victim)
