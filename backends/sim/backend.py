@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hetero.backends.sim.timing import DEFAULT_NOMINAL_TOKENS, LlmSequences, modelled_run
 from hetero.framework import envs
 from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel, batch_size
 from hetero.framework.devices import DeviceSpec, Telemetry
@@ -15,24 +16,36 @@ from hetero.framework.fleet import simulated_devices
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy
 
-__all__ = ["SimBackend", "modelled_batch_seconds"]
+__all__ = ["SimBackend", "llm_sequences", "modelled_batch_seconds"]
 
-# Fixed cost of one launch (kernel launches, synchronisation); NVIDIA quotes a few microseconds
-# per kernel launch and a whole model takes tens of them.
-LAUNCH_OVERHEAD_S = 20e-6
+# Inputs an LLM graph's run carries on the sim backend: one entry per sequence.
+PROMPT_TOKENS, OUTPUT_TOKENS = "prompt_tokens", "output_tokens"
 
 
 def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: float) -> float:
-    """Modelled duration of one batch on ``device``: the roofline batch time
-    (:meth:`BandwidthHint.batch_seconds`: weights read once per batch) plus a launch overhead.
-    ``batch`` may be fractional (items of different sizes add up to nominal items). The one
-    formula: the sim backend reports it per run and the simulator uses it per batch, except
-    for LLM stages (a hint with ``kv_bytes_per_token``), which the simulator models phase by
-    phase with each request's tokens (:func:`hetero.backends.sim.llm.modelled_llm_batch`); a
-    sim-backend run in the engine has no token counts and keeps this formula."""
-    peak = device.peak_flops_for(hint.dtype)
-    bandwidth = device.memory_bandwidth_bytes_per_s
-    return LAUNCH_OVERHEAD_S + hint.batch_seconds(peak, bandwidth, batch)
+    """Modelled duration of one batch of ``batch`` nominal items of a graph with no KV cache:
+    :func:`hetero.backends.sim.timing.modelled_run`, the one formula, in seconds."""
+    return modelled_run(hint, device, batch).seconds
+
+
+def llm_sequences(inputs: Arrays) -> LlmSequences:
+    """Each sequence's prompt and output length from an LLM run's ``prompt_tokens`` and
+    ``output_tokens`` inputs (one integer per sequence), and the nominal request's tokens from
+    an optional scalar ``nominal_tokens``."""
+    missing = [name for name in (PROMPT_TOKENS, OUTPUT_TOKENS) if name not in inputs]
+    if missing:
+        raise ValueError(
+            f"an LLM graph on the sim backend needs inputs {missing}: one token count per "
+            "sequence, as the simulator gives"
+        )
+    prompts = np.asarray(inputs[PROMPT_TOKENS]).reshape(-1).astype(int)
+    outputs = np.asarray(inputs[OUTPUT_TOKENS]).reshape(-1).astype(int)
+    nominal = inputs.get("nominal_tokens")
+    return LlmSequences(
+        tuple(int(t) for t in prompts),
+        tuple(int(t) for t in outputs),
+        DEFAULT_NOMINAL_TOKENS if nominal is None else float(np.asarray(nominal).reshape(-1)[0]),
+    )
 
 
 class SimBackend(Backend):
@@ -87,8 +100,13 @@ class SimBackend(Backend):
         missing = [name for name in model.native if name not in inputs]
         if missing:
             raise ValueError(f"missing inputs: {missing}")
+        if model.graph.hint.kv_bytes_per_token:
+            llm_sequences(inputs)  # an LLM run without its token counts fails here, named
         return {}
 
     def _modelled_seconds(self, model: LoadedModel, inputs: Arrays) -> float:
-        device = self.device(model.device_id)
-        return modelled_batch_seconds(model.graph.hint, device, batch_size(inputs))
+        hint = model.graph.hint
+        sequences = llm_sequences(inputs) if hint.kv_bytes_per_token else None
+        return modelled_run(
+            hint, self.device(model.device_id), batch_size(inputs), sequences
+        ).seconds

@@ -1,19 +1,17 @@
-"""Modelled time of an LLM batch on a simulated device: prefill, then decode steps whose
-memory traffic grows with the KV cache, each phase at its measured share of the roofline.
+"""Phases of an LLM run on a simulated device: prefill, then decode steps whose memory traffic
+grows with the KV cache, each phase at its measured share of the roofline.
 
-The one formula for LLM stages (a stage whose hint has ``kv_bytes_per_token``): the
-simulator uses it per batch. Prefill is compute-bound (prompt tokens x FLOPs per token over
-the peak); a decode step reads the weights once for the batch plus every running sequence's
-KV cache (prompt + tokens generated so far) and computes one token per running sequence; the
-batch runs until its longest output is done (static batching). Each phase is divided by the
-device's efficiency from :mod:`hetero.backends.sim.calibration` (SplitwiseSim's measured
-A100/H100 table).
+Prefill is compute-bound (prompt tokens x FLOPs per token over the peak); a decode step reads
+the weights once for the batch plus every running sequence's KV cache (prompt + tokens
+generated so far) and computes one token per running sequence; the batch runs until its
+longest output is done (static batching). Each phase is divided by the device's efficiency from
+:mod:`hetero.backends.sim.calibration` (SplitwiseSim's measured A100/H100 table). Callers go
+through :func:`hetero.backends.sim.timing.modelled_run`, the one formula.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,30 +19,17 @@ from hetero.backends.sim.calibration import efficiency_for
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.graph import BandwidthHint
 
-__all__ = ["LlmBatchTime", "modelled_llm_batch"]
+__all__ = ["llm_phases"]
 
 
-@dataclass(frozen=True, slots=True)
-class LlmBatchTime:
-    """The two phases of a batch, in seconds."""
-
-    prefill_s: float
-    decode_s: float
-
-    @property
-    def total_s(self) -> float:
-        """Prefill plus decode."""
-        return self.prefill_s + self.decode_s
-
-
-def modelled_llm_batch(
+def llm_phases(
     hint: BandwidthHint,
     device: DeviceSpec,
     prompts: Sequence[int],
     outputs: Sequence[int],
     nominal_tokens: float,
-) -> LlmBatchTime:
-    """Prefill and decode time of sequences with these prompt and output lengths.
+) -> tuple[float, float]:
+    """Prefill and decode seconds of sequences with these prompt and output lengths.
 
     ``hint.flops_per_item`` describes a nominal request of ``nominal_tokens`` tokens (prompt
     plus output), so one token costs ``flops_per_item / nominal_tokens``; the weights are
@@ -57,7 +42,7 @@ def modelled_llm_batch(
     prefill = sum(prompts) * flops_per_token / peak / efficiency.prefill
     longest = max(outputs, default=0)
     if longest <= 0:
-        return LlmBatchTime(prefill, 0.0)
+        return prefill, 0.0
     step = np.arange(longest)
     prompt = np.asarray(prompts, dtype=float)[:, None]
     running = np.asarray(outputs)[:, None] > step[None, :]
@@ -65,4 +50,4 @@ def modelled_llm_batch(
     context = ((prompt + step[None, :]) * running).sum(axis=0)
     traffic = hint.resident_bytes + context * hint.kv_bytes_per_token
     step_s = np.maximum(active * flops_per_token / peak, traffic / bandwidth)
-    return LlmBatchTime(prefill, float(step_s.sum()) / efficiency.decode)
+    return prefill, float(step_s.sum()) / efficiency.decode

@@ -5,10 +5,10 @@ Events are arrivals, batch completions and batch timers. After each event the sc
 dispatches what it can; each device runs one batch at a time, taking the model's load time first
 when it is not resident (evictions follow the scheduler's plans; a load lasts the modelled time
 times a draw from Alibaba's measured spread). A batch lasts the modelled time of the sim backend
-(:func:`modelled_batch_seconds`), scaled by the requests' sizes against the workload's nominal
-size (text tokens, image count, audio seconds); an LLM stage (its hint has
-``kv_bytes_per_token``) is modelled phase by phase (:func:`modelled_llm_batch`) and its KV cache
-grows in paged blocks while it runs (:mod:`kv`).
+(:func:`modelled_run`, the one formula), scaled by the requests' sizes against the workload's
+nominal size (text tokens, image count, audio seconds); for an LLM stage (its hint has
+``kv_bytes_per_token``) the formula takes each request's prompt and output tokens phase by
+phase, and its KV cache grows in paged blocks while it runs (:mod:`kv`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.backends.sim.backend import LAUNCH_OVERHEAD_S, modelled_batch_seconds
 from hetero.backends.sim.calibration import load_multiplier
-from hetero.backends.sim.llm import modelled_llm_batch
+from hetero.backends.sim.timing import LlmSequences, RunTime, modelled_run
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
 from hetero.framework.graph import BandwidthHint
@@ -371,13 +370,10 @@ class _Simulation:
         # Inputs move before compute, in parallel: the slowest one counts.
         duration += max(self._transfer_s(d, index) for d in batch)
         now = self.clock.now()
-        kv_batch = self._llm_batch(hint, device.spec, key, batch, now + duration)
-        if kv_batch is None:
-            items = float(sum(self._scale(d) for d in batch))
-            run_s = modelled_batch_seconds(hint, device.spec, items)  # the sim backend's formula
-            prefill_of = None
-        else:
-            run_s = LAUNCH_OVERHEAD_S + kv_batch.prefill_s + kv_batch.decode_s
+        times, kv_batch = self._modelled_run(hint, device.spec, key, batch, now + duration)
+        run_s = times.seconds  # the sim backend's formula (modelled_run), LLM or not
+        prefill_of = None
+        if kv_batch is not None:
             prefill_of = duration + kv_batch.prefill_s
             self.kv.add(device.spec.id, kv_batch)
         duration += run_s
@@ -448,12 +444,14 @@ class _Simulation:
         if self.scheduler.tables[key].resident[index]:  # not evicted while it loaded
             device.loaded.add(key)
 
-    def _llm_batch(
+    def _modelled_run(
         self, hint: BandwidthHint, device: DeviceSpec, key: str, batch: list[Dispatch], start: float
-    ) -> KvBatch | None:
-        """The phases and KV cache of an LLM batch (a stage with a KV cache), else None."""
+    ) -> tuple[RunTime, KvBatch | None]:
+        """The batch's modelled time (:func:`modelled_run`, the sim backend's formula) and, for
+        an LLM stage (a stage with a KV cache), its phases and KV cache."""
         if not hint.kv_bytes_per_token:
-            return None
+            items = float(sum(self._scale(d) for d in batch))
+            return modelled_run(hint, device, items), None
         stage = key.split("/", 1)[0]
         spec = self.workload.spec
         nominal = spec.stage_nominal.get(stage, spec.nominal).text_tokens
@@ -463,8 +461,8 @@ class _Simulation:
             request = run.request if run is not None else None
             prompts.append(request.text_tokens if request is not None else int(nominal))
             outputs.append(request.output_tokens if request is not None else 0)
-        times = modelled_llm_batch(hint, device, prompts, outputs, nominal)
-        return KvBatch(
+        times = modelled_run(hint, device, len(batch), LlmSequences(prompts, outputs, nominal))
+        return times, KvBatch(
             start=start,
             prefill_s=times.prefill_s,
             decode_s=times.decode_s,

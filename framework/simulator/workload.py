@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from hetero.backends.sim.timing import DEFAULT_NOMINAL_TOKENS
 from hetero.framework.errors import PolicyValidationError
 from hetero.framework.policy.messages import describe_errors
 from hetero.framework.policy.yaml_source import load_located
@@ -77,7 +78,7 @@ class Nominal(_Frozen):
     sets it for every stage; ``stage_nominal`` per stage (an embedder's hint may describe 256
     tokens where the LLM's describes 768)."""
 
-    text_tokens: Positive = 768.0
+    text_tokens: Positive = DEFAULT_NOMINAL_TOKENS
     image_pixels: Positive = 336.0 * 336.0
     audio_seconds: Positive = 30.0
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetero.backends.sim.calibration import ROOFLINE_EFFICIENCY
-from hetero.backends.sim.llm import modelled_llm_batch
+from hetero.backends.sim.timing import LlmSequences, modelled_run
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import load_policy_text
@@ -64,14 +64,15 @@ def test_decode_reads_the_growing_cache_and_is_scaled_by_the_measured_efficiency
         max_batch=64,
         dtype="fp16",
     )
-    short = modelled_llm_batch(hint, device, [100] * 16, [128] * 16, 768)
-    long = modelled_llm_batch(hint, device, [4000] * 16, [128] * 16, 768)
+    short = modelled_run(hint, device, 16, LlmSequences([100] * 16, [128] * 16, 768))
+    long = modelled_run(hint, device, 16, LlmSequences([4000] * 16, [128] * 16, 768))
     assert long.decode_s > 1.5 * short.decode_s  # 16 x 4,000 tokens of KV read every step
     efficiency = ROOFLINE_EFFICIENCY["A100-SXM4-80GB"]
     weights_only = 128 * 14e9 / device.memory_bandwidth_bytes_per_s / efficiency.decode
     assert short.decode_s == pytest.approx(weights_only, rel=0.1)
     prefill = 16 * 100 * 11e12 / 768 / device.peak_flops_for("fp16") / efficiency.prefill
     assert short.prefill_s == pytest.approx(prefill)
+    assert short.seconds == pytest.approx(20e-6 + short.prefill_s + short.decode_s)
 
 
 def test_placement_reserves_whole_blocks_and_waits_when_the_cache_is_full() -> None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.backends.sim import SimBackend, modelled_batch_seconds
-from hetero.framework.errors import OutOfDeviceMemoryError, PolicyValidationError
+from hetero.backends.sim import LlmSequences, SimBackend, modelled_batch_seconds, modelled_run
+from hetero.framework.errors import (
+    ExecutionError,
+    OutOfDeviceMemoryError,
+    PolicyValidationError,
+)
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
@@ -160,3 +164,38 @@ def test_topology_routes_by_size_and_crosses_hosts_by_network() -> None:
     assert crossing == pytest.approx((5e-6 + 1e9 / 64e9) * 2 + 10e-6 + 1e9 / 10e9)
     with pytest.raises(KeyError):
         topology.transfer_time(1, "sim:h-0", "sim:zz-0")
+
+
+def test_an_llm_run_in_the_engine_is_timed_by_the_simulators_formula() -> None:
+    """One source: the sim backend times an LLM graph's run (prompt and output tokens per
+    sequence) with the same ``modelled_run`` the simulator calls per batch, not the plain
+    roofline of a nominal item."""
+    backend = SimBackend(devices())
+    hint = BandwidthHint(
+        flops_per_item=11e12,
+        bytes_per_item=120e9,
+        resident_bytes=14e9,
+        kv_bytes_per_token=524288,
+        max_batch=16,
+        dtype="fp16",
+    )
+    graph = ComputeGraph("llm", GraphFormat.VLLM, "some/model", hint, input_names=())
+    model = backend.load(backend.compile(graph, "sim:h-0"))
+    h0 = backend.device("sim:h-0")
+    prompts, outputs = [640, 100, 3000], [128, 32, 8]
+    result = backend.run(
+        model, {"prompt_tokens": np.array(prompts), "output_tokens": np.array(outputs)}
+    )
+    expected = modelled_run(hint, h0, 3, LlmSequences(prompts, outputs, 768))
+    assert result.latency_s == pytest.approx(expected.seconds)
+    assert expected.prefill_s > 0 and expected.decode_s > 0
+    plain = 20e-6 + hint.batch_seconds(
+        h0.peak_flops_for("fp16"), h0.memory_bandwidth_bytes_per_s, 3
+    )
+    assert result.latency_s != pytest.approx(plain, rel=0.05)  # control: not the old roofline
+    longer = backend.run(
+        model, {"prompt_tokens": np.array(prompts), "output_tokens": np.array([256, 32, 8])}
+    )
+    assert longer.latency_s > result.latency_s  # twice the decode steps for the longest one
+    with pytest.raises(ExecutionError, match="prompt_tokens"):
+        backend.run(model, {"tokens": np.zeros((3, 16), np.int64)})  # no token counts: named
