@@ -2,7 +2,8 @@
 traffic arrives, release it after.
 
 Every arrival is counted for the models of its pipeline; at each bin boundary the forecaster
-(:mod:`forecast`) predicts every model's arrival rate ``lead_s`` ahead. Models forecast at or
+(:mod:`forecast`) predicts every model's arrival rate over the next ``lead_s`` and takes its
+peak: a model is as hot as it is forecast to be at any time soon. Models forecast at or
 above ``load_rate_per_s`` that are resident nowhere are loaded, hottest first, on the device
 where they load fastest, evicting only idle models forecast colder than them (minimum residency
 does not protect a model from a hotter one's forecast). Idle models forecast below
@@ -51,7 +52,8 @@ class PredictiveWarmup:
         self.forecaster.advance(now)
         self.next_tick = now + self.config.bin_s
         config = self.config
-        forecast = {key: self.forecaster.rate(key, config.lead_s) for key in self.scheduler.tables}
+        peak = self.forecaster.peak_rate
+        forecast = {key: peak(key, config.lead_s) for key in self.scheduler.tables}
         loads = []
         for key in sorted(forecast, key=lambda k: (-forecast[k], k)):
             if forecast[key] < config.load_rate_per_s:

@@ -34,6 +34,21 @@ def test_seasonal_terms_forecast_the_rise_before_it_comes_and_holt_alone_does_no
     assert plain.rate("m", 300) < 0.4  # no seasonality: the fall it saw goes on
 
 
+def test_one_season_initialises_the_whole_profile_and_peak_rate_looks_over_the_horizon() -> None:
+    """The classical initialisation: after the first season the level is its mean rate and
+    the seasonal terms its profile, so the first rise of day two is forecast in full (seasonal
+    terms learnt from zero at gamma 0.5 would forecast about 0.75 of it)."""
+    forecaster = ArrivalForecaster(bin_s=60, alpha=0.1, beta=0.0, gamma=0.5, season_s=DAY)
+    for when in busy_half(0.0):
+        forecaster.observe("m", when)
+    assert forecaster.rate("m", 60) == 4 / 9  # nine bins closed, four busy: the mean so far
+    forecaster.advance(DAY + 60)  # day two's first (quiet) bin closed
+    assert forecaster.rate("m", 60) == 0.0
+    assert forecaster.rate("m", 300) > 0.95  # four bins on, the busy half begins
+    assert forecaster.peak_rate("m", 240) < 0.05  # quiet for the next four bins...
+    assert forecaster.peak_rate("m", 300) > 0.95  # ...and busy within five
+
+
 POLICY = """\
 version: 1
 devices:
