@@ -48,6 +48,15 @@ def _add_tune(commands: Any) -> None:
     tune.add_argument("--trials", type=int, default=30, help="simulations to run (default 30)")
     tune.add_argument("--seed", type=int, default=0, help="sampler seed: same seed, same policy")
     tune.add_argument("--timeout", type=float, help="stop after this many seconds (not seeded)")
+    tune.add_argument(
+        "--search-s",
+        type=float,
+        help="trials simulate only this many seconds after the warm-up; the best few are then "
+        "judged on the whole workload",
+    )
+    tune.add_argument(
+        "--finalists", type=int, default=3, help="trials judged on the whole workload (default 3)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.trials,
                 args.seed,
                 args.timeout,
+                args.search_s,
+                args.finalists,
             )
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]

@@ -54,6 +54,8 @@ def run_tune(
     trials: int,
     seed: int,
     timeout_s: float | None,
+    search_s: float | None = None,
+    finalists: int = 3,
 ) -> int:
     """Tune, write the policy, print the table; 0 when the tuned policy validates."""
     from hetero.framework.simulator.tune import tune
@@ -85,19 +87,23 @@ def run_tune(
             trials=trials,
             seed=seed,
             timeout_s=timeout_s,
+            search_s=search_s,
+            finalists=finalists,
             progress=progress,
         )
     target = Path(out_path) if out_path else Path(policy_path).with_suffix(".tuned.yaml")
+    screen = "" if search_s is None else f" --search-s {search_s:g}"
     header = (
         f"# hetero tune {policy_path} --workload {workload_path} --trials {trials} "
-        f"--seed {seed}: p99 {_fmt(result.before['p99_ms'])} -> {_fmt(result.after['p99_ms'])} ms"
-        ", no QoS class worse\n"
+        f"--seed {seed}{screen}: p99 {_fmt(result.before['p99_ms'])} -> "
+        f"{_fmt(result.after['p99_ms'])} ms, no QoS class worse\n"
     )
     target.write_text(header + result.text, encoding="utf-8")
     load_policy_text(target.read_text(encoding="utf-8"), str(target))  # the tuned policy validates
     table = Table(
         title=f"{policy.spec.name}: shipped vs tuned ({result.feasible} of "
-        f"{result.trials} trials feasible)"
+        f"{result.trials} trials feasible"
+        + (f", {result.finalists} judged on the whole workload)" if search_s else ")")
     )
     for column in ("figure", "shipped", "tuned"):
         table.add_column(column)

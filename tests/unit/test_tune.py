@@ -11,7 +11,7 @@ from hetero.framework.fleet import resolve_fleet
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
 from hetero.framework.simulator import load_workload
-from hetero.framework.simulator.tune import _no_class_worse, tune
+from hetero.framework.simulator.tune import _figures, _no_class_worse, screen_workload, tune
 
 REPO = Path(__file__).resolve().parents[2]
 THRASH = REPO / "benchmarks" / "scenarios" / "thrash"
@@ -41,3 +41,35 @@ def test_a_class_with_lower_attainment_or_a_longer_tail_is_worse() -> None:
     assert _no_class_worse(before, {"slo_attainment": {"a": 0.95}, "class_p99_s": {"a": 1.005}})
     assert not _no_class_worse(before, {"slo_attainment": {"a": 0.85}, "class_p99_s": {"a": 0.5}})
     assert not _no_class_worse(before, {"slo_attainment": {"a": 0.95}, "class_p99_s": {"a": 1.2}})
+
+
+def test_a_screened_search_judges_its_finalists_on_the_whole_workload(tmp_path: Path) -> None:
+    """With ``search_s`` the trials run on a cut of the arrivals, but the tuned policy is the
+    finalist that is best on the whole workload, compared with the shipped policy there."""
+    text = (THRASH / "policy.yaml").read_text()
+    policy = load_policy_text(text, "thrash.yaml")
+    path = tmp_path / "thrash.yaml"
+    path.write_text(
+        (THRASH / "workload.yaml").read_text().replace("duration_s: 1800", "duration_s: 240")
+    )
+    workload = load_workload(path)
+    fleet = resolve_fleet(policy, Registry(use_entry_points=False))
+    screen = screen_workload(workload, 30.0)
+    assert screen.spec.duration_s == workload.spec.warmup_s + 30.0
+    assert screen_workload(workload, 1e6) is workload
+    result = tune(
+        yaml.safe_load(text),
+        "thrash.yaml",
+        fleet,
+        workload,
+        trials=3,
+        seed=3,
+        search_s=30.0,
+        finalists=2,
+    )
+    whole = _figures(policy, fleet, workload)
+    assert result.before["p99_ms"] == whole["p99_ms"]  # judged on all of it, not the cut
+    assert 0 < result.finalists <= 2 or result.feasible == 0
+    assert _no_class_worse(result.before, result.after)
+    assert result.after["p99_ms"] <= whole["p99_ms"]
+    load_policy_text(result.text, "tuned.yaml")
