@@ -7,7 +7,7 @@ can use it on a virtual clock. Everything else (compile checks, memory accountin
 behaves as a real backend's, so it passes the conformance suite's parts that apply.
 """
 
-from hetero.backends.sim.backend import SimBackend, modelled_batch_seconds
+from hetero.backends.sim.backend import SimBackend
 from hetero.backends.sim.detect import detect
 from hetero.backends.sim.timing import LlmSequences, RunTime, modelled_run
 
@@ -16,6 +16,5 @@ __all__ = [
     "RunTime",
     "SimBackend",
     "detect",
-    "modelled_batch_seconds",
     "modelled_run",
 ]

@@ -13,19 +13,13 @@ from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel, b
 from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import OutOfDeviceMemoryError
 from hetero.framework.fleet import simulated_devices
-from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy
 
-__all__ = ["SimBackend", "llm_sequences", "modelled_batch_seconds"]
+__all__ = ["SimBackend", "llm_sequences"]
 
 # Inputs an LLM graph's run carries on the sim backend: one entry per sequence.
 PROMPT_TOKENS, OUTPUT_TOKENS = "prompt_tokens", "output_tokens"
-
-
-def modelled_batch_seconds(hint: BandwidthHint, device: DeviceSpec, batch: float) -> float:
-    """Modelled duration of one batch of ``batch`` nominal items of a graph with no KV cache:
-    :func:`hetero.backends.sim.timing.modelled_run`, the one formula, in seconds."""
-    return modelled_run(hint, device, batch).seconds
 
 
 def llm_sequences(inputs: Arrays) -> LlmSequences:

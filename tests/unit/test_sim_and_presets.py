@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.backends.sim import LlmSequences, SimBackend, modelled_batch_seconds, modelled_run
+from hetero.backends.sim import LlmSequences, SimBackend, modelled_run
 from hetero.framework.errors import (
     ExecutionError,
     OutOfDeviceMemoryError,
@@ -127,9 +127,9 @@ def test_modelled_duration_is_the_roofline_for_one_item_and_batching_shares_weig
     hint = BandwidthHint(
         flops_per_item=1e12, bytes_per_item=20e9, resident_bytes=16e9, max_batch=8, dtype="fp16"
     )
-    one = modelled_batch_seconds(hint, h0, 1)
+    one = modelled_run(hint, h0, 1).seconds
     assert one == pytest.approx(20e-6 + max(1e12 / 989.4e12, 20e9 / 3.35e12))
-    eight = modelled_batch_seconds(hint, h0, 8)
+    eight = modelled_run(hint, h0, 8).seconds
     assert eight < 8 * one  # weights are read once per batch
     assert eight == pytest.approx(20e-6 + max(8e12 / 989.4e12, (16e9 + 8 * 4e9) / 3.35e12))
 
@@ -142,7 +142,7 @@ def test_sim_backend_runs_nothing_but_reports_modelled_time_and_accounts_memory(
     result = backend.run(model, {"tokens": np.zeros((4, 16), np.int64)})
     assert result.outputs == {}
     assert result.latency_s == pytest.approx(
-        modelled_batch_seconds(hint, backend.device("sim:h-0"), 4)
+        modelled_run(hint, backend.device("sim:h-0"), 4).seconds
     )
     assert backend.memory_accounted("sim:h-0") == 60e9
     with pytest.raises(OutOfDeviceMemoryError):
