@@ -7,6 +7,10 @@ Scenarios: ref-8xa100, thrash, mixed-fleet and azure-conv simulated under every 
 policy on identical arrivals (``benchmarks/scenarios/run.py``); tables, JSON and plots go to
 ``results/scenarios/<name>/``.
 
+Tuning: ``hetero tune`` on the mixed-fleet scenario (trials screened on 20 s after the warm-up,
+the two best judged on the whole workload), its before/after table and its wall time; the tuned
+policy goes to ``results/tune/mixed-fleet.tuned.yaml``.
+
 Serving: hetero's server against an in-process loop and a plain FastAPI baseline on the same
 models and a 70/30 embed/vision closed-loop load (``hetero bench serve``); the JSON report goes
 to ``results/serve.json``.
@@ -64,6 +68,35 @@ def bench_scenarios() -> None:
     runner["main"]([])
 
 
+def bench_tune() -> None:
+    """``hetero tune`` on the mixed-fleet scenario: p99 before and after, and its wall time."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from hetero.framework.cli.tune import run_tune
+    from hetero.framework.registry import Registry
+
+    root = Path(__file__).resolve().parent.parent
+    out = root / "results" / "tune" / "mixed-fleet.tuned.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    run_tune(
+        Console(),
+        Console(stderr=True),
+        Registry(use_entry_points=False),
+        str(root / "policies" / "sim" / "mixed-fleet.yaml"),
+        str(root / "benchmarks" / "scenarios" / "mixed-fleet" / "workload.yaml"),
+        str(out),
+        trials=8,
+        seed=0,
+        timeout_s=None,
+        search_s=20.0,
+        finalists=2,
+    )
+    print(f"hetero tune: {time.perf_counter() - started:.0f} s of wall time")
+
+
 def bench_cache() -> None:
     """Feature cache tiers against raw redis-py and LMDB reads (``hetero bench cache``)."""
     from rich.console import Console
@@ -97,3 +130,4 @@ if __name__ == "__main__":
     bench_cache()
     bench_serve()
     bench_scenarios()
+    bench_tune()
