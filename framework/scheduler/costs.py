@@ -15,6 +15,7 @@ search per ordered pair into dense n x n tables (a 1,000-device fleet held a mil
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ BoolArray = npt.NDArray[np.bool_]
 LOAD_INIT_S = 0.05
 # Transfers are routed once for this size; the route's cost is then affine in the size.
 ROUTE_PROBE_BYTES = 1 << 20
+# Rows of routes kept, most recently used first: a row is two floats per device, so this bounds
+# the cache at 4 KiB x devices (4 MiB at 1,000 devices) however many sources a fleet has.
+ROUTE_ROWS_KEPT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ class FleetCosts:
                     np.asarray(inverse),
                 )
         self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
+        self._rows: OrderedDict[int, tuple[FloatArray, FloatArray]] = OrderedDict()
 
     @property
     def hosts(self) -> int:
@@ -101,7 +106,12 @@ class FleetCosts:
     def routes_from(self, src: int) -> tuple[FloatArray, FloatArray]:
         """Latency and inverse bandwidth of the cheapest route from device ``src`` to every
         device (zero to itself): up to its host, the network hop to another host, down; or the
-        devices' own link where that is cheaper. Hop by hop, summed in route order."""
+        devices' own link where that is cheaper. Hop by hop, summed in route order. The rows of
+        the latest :data:`ROUTE_ROWS_KEPT` sources are kept (read-only arrays)."""
+        row = self._rows.get(src)
+        if row is not None:
+            self._rows.move_to_end(src)
+            return row
         other_host = self._host_of != self._host_of[src]
         latency = (
             self._host_latency[src] + np.where(other_host, self._network_latency, 0.0)
@@ -117,6 +127,11 @@ class FleetCosts:
             inverse[targets] = direct_inverse
         latency[src] = 0.0
         inverse[src] = 0.0
+        latency.flags.writeable = False
+        inverse.flags.writeable = False
+        self._rows[src] = (latency, inverse)
+        if len(self._rows) > ROUTE_ROWS_KEPT:
+            self._rows.popitem(last=False)
         return latency, inverse
 
     def route(self, src: int, dst: int) -> tuple[float, float]:

@@ -88,6 +88,7 @@ class _Tables:
     resident: np.ndarray
     load_now: np.ndarray  # load time if placed there now: 0 where resident
     next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
+    unit_s: np.ndarray  # one item alone there (first batch slot x correction)
     limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
     slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
     resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
@@ -102,6 +103,7 @@ class _Tables:
             resident=np.zeros(count, bool),
             load_now=costs.load_s.copy(),
             next_compute=costs.marginal_s[:, 0].copy(),
+            unit_s=costs.marginal_s[:, 0].copy(),
             limit=np.full(count, costs.hint.max_batch, np.int64),
             slots=np.ones(count, np.int64),
             resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
@@ -119,6 +121,7 @@ class _Tables:
         """Recompute one device's entries after its pending count, correction or residency moved."""
         slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
         self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
+        self.unit_s[index] = self.costs.marginal_s[index, 0] * self.correction[index]
         self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
 
 
@@ -381,8 +384,7 @@ class Scheduler:
         runnable = tables.costs.runnable & self.healthy
         if not runnable.any():
             return float("inf")
-        times = tables.costs.marginal_s[runnable, 0] * tables.correction[runnable]
-        return float(times.min())
+        return float(np.min(tables.unit_s, where=runnable, initial=np.inf))
 
     def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
         """Devices that could ever run this stage variant."""
@@ -463,16 +465,21 @@ class Scheduler:
             return size * fleet.ingress_inverse_bandwidth
         if self.outputs_on_host:
             return sum(h.size_bytes for h in task.inputs) * fleet.ingress_inverse_bandwidth
-        total = np.zeros(len(self.devices))
+        total: np.ndarray | None = None
         for handle in task.inputs:
             src = fleet.index.get(handle.device_id)
             if src is None:
                 # The device that holds the output is gone (unhealthy, removed): the engine
                 # keeps outputs as host arrays, so it costs a host-to-device copy.
-                total += handle.size_bytes * fleet.ingress_inverse_bandwidth
+                cost = handle.size_bytes * fleet.ingress_inverse_bandwidth
             else:
                 latency, inverse_bandwidth = fleet.routes_from(src)
-                total += latency + handle.size_bytes * inverse_bandwidth
+                cost = latency + handle.size_bytes * inverse_bandwidth
+            if total is None:
+                total = cost  # a fresh array; 0 + cost would be the same figures
+            else:
+                total += cost
+        assert total is not None
         return total
 
     def _choose(
