@@ -68,6 +68,10 @@ class FleetCosts:
         hosts: dict[str, int] = {}
         for i, device in enumerate(self.devices):
             self._host_of[i] = hosts.setdefault(device.host, len(hosts))
+        # The devices of each host, for the rows' inside-a-host entries.
+        order = np.argsort(self._host_of, kind="stable")
+        bounds = np.searchsorted(self._host_of[order], np.arange(len(hosts) + 1))
+        self._members = [order[bounds[h] : bounds[h + 1]] for h in range(len(hosts))]
         # A device's host link carries the same figures up and down.
         up = [topology.host_hop(d.id) for d in self.devices]
         self._host_latency = np.array([hop.latency_s for hop in up])
@@ -112,14 +116,15 @@ class FleetCosts:
         if row is not None:
             self._rows.move_to_end(src)
             return row
-        other_host = self._host_of != self._host_of[src]
-        latency = (
-            self._host_latency[src] + np.where(other_host, self._network_latency, 0.0)
-        ) + self._host_latency
-        inverse = (
-            self._host_inverse_bandwidth[src]
-            + np.where(other_host, self._network_inverse_bandwidth, 0.0)
-        ) + self._host_inverse_bandwidth
+        # Every device as if on another host (up + network, then down: the same sums in the
+        # same order), then the source's own host without the network hop.
+        up_latency = self._host_latency[src]
+        up_inverse = self._host_inverse_bandwidth[src]
+        latency = (up_latency + self._network_latency) + self._host_latency
+        inverse = (up_inverse + self._network_inverse_bandwidth) + self._host_inverse_bandwidth
+        same = self._members[self._host_of[src]]
+        latency[same] = up_latency + self._host_latency[same]
+        inverse[same] = up_inverse + self._host_inverse_bandwidth[same]
         direct = self._direct.get(src)
         if direct is not None:
             targets, direct_latency, direct_inverse = direct

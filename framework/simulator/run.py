@@ -122,6 +122,8 @@ class _Simulation:
         self.last_figures: tuple[float, float] | None = None
         self.order = {d.id: index for index, d in enumerate(devices)}
         self.device_ids = [d.id for d in devices]
+        # Read per event: plain dicts (the policy's maps are persistent, slower to index).
+        self.modality = {name: stage.modality for name, stage in spec.stages.items()}
         self.waiting: set[str] = set()  # devices with items in a batcher
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}
@@ -351,7 +353,7 @@ class _Simulation:
         """Work of ``request`` in ``stage`` relative to the hint's nominal item."""
         spec = self.workload.spec
         nominal = spec.stage_nominal.get(stage, spec.nominal)
-        modality = self.policy.spec.stages[stage].modality
+        modality = self.modality[stage]
         if modality == "image" and request.images:
             pixels = request.image_pixels or nominal.image_pixels
             return request.images * pixels / nominal.image_pixels
@@ -408,12 +410,12 @@ class _Simulation:
             ):
                 self.metrics.lowest_class_waits.append(now - dispatch.task.enqueued_at)
             run = self.runs.get(int(dispatch.task.request_id))
-            stage = self.policy.spec.stages[dispatch.task.stage]
+            modality = self.modality[dispatch.task.stage]
             counted = run is not None and run.request.arrival >= self.workload.spec.warmup_s
             if (
                 run is not None
                 and counted
-                and stage.modality == "text"
+                and modality == "text"
                 and run.request.output_tokens
             ):
                 if prefill_of is None:
