@@ -68,12 +68,12 @@ def bench_fleet() -> None:
 
     result = run_fleet_bench()
     print(
-        f"{'devices':>8}{'hosts':>7}{'construct':>11}{'memory':>10}{'plan':>8}"
+        f"{'devices':>8}{'hosts':>7}{'fleet':>8}{'construct':>11}{'memory':>10}{'plan':>8}"
         f"{'devices':>9}{'simulate':>10}{'requests/s':>12}"
     )
     for row in result["fleets"]:
         print(
-            f"{row['devices']:>8,}{row['hosts']:>7}{row['construct_s']:>10.3f}s"
+            f"{row['devices']:>8,}{row['hosts']:>7}{row['fleet_s']:>7.2f}s{row['construct_s']:>10.3f}s"
             f"{row['construct_mib']:>7.1f} MiB{row['plan_s']:>7.2f}s{row['devices_s']:>8.2f}s"
             f"{row['simulate_s']:>9.2f}s{row['requests_per_s']:>12,.0f}"
         )
