@@ -412,12 +412,7 @@ class _Simulation:
             run = self.runs.get(int(dispatch.task.request_id))
             modality = self.modality[dispatch.task.stage]
             counted = run is not None and run.request.arrival >= self.workload.spec.warmup_s
-            if (
-                run is not None
-                and counted
-                and modality == "text"
-                and run.request.output_tokens
-            ):
+            if run is not None and counted and modality == "text" and run.request.output_tokens:
                 if prefill_of is None:
                     total = run.request.text_tokens + run.request.output_tokens
                     prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
