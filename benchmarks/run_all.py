@@ -1,7 +1,12 @@
 """`make bench`: figures, not pass/fail. Each benchmark prints ratios measured side by side.
 
 Scheduler: decision latency of hetero's scheduler against a naive rescan-and-sort reference at
-100, 1,000 and 10,000 queued tasks (``hetero bench scheduler``).
+100, 1,000 and 10,000 queued tasks, on 64 and on 1,000 devices (``hetero bench scheduler
+[--devices 1000]``).
+
+Fleet growth: scheduler construction, ``hetero plan``, ``hetero devices --policy --json`` and
+``hetero simulate`` on 16, 128 and 1,000 simulated A100s, with the growth from 16 to 1,000
+(``framework/bench/fleet.py``).
 
 Scenarios: ref-8xa100, thrash, mixed-fleet and azure-conv simulated under every placement
 policy on identical arrivals (``benchmarks/scenarios/run.py``); tables, JSON and plots go to
@@ -55,8 +60,29 @@ def bench_scheduler() -> None:
     from rich.console import Console
 
     from hetero.framework.bench.report import run_bench_scheduler
+    from hetero.framework.bench.scheduler import FLEET_SIZES
 
-    run_bench_scheduler(Console(), as_json=False)
+    for devices in FLEET_SIZES:
+        run_bench_scheduler(Console(), as_json=False, devices=devices)
+
+
+def bench_fleet() -> None:
+    """How construction, plan, devices and simulate grow from 16 to 1,000 devices."""
+    from hetero.framework.bench.fleet import run_fleet_bench
+
+    result = run_fleet_bench()
+    print(
+        f"{'devices':>8}{'hosts':>7}{'fleet':>8}{'construct':>11}{'memory':>10}{'plan':>8}"
+        f"{'devices':>9}{'simulate':>10}{'requests/s':>12}"
+    )
+    for row in result["fleets"]:
+        print(
+            f"{row['devices']:>8,}{row['hosts']:>7}{row['fleet_s']:>7.2f}s{row['construct_s']:>10.3f}s"
+            f"{row['construct_mib']:>7.1f} MiB{row['plan_s']:>7.2f}s{row['devices_s']:>8.2f}s"
+            f"{row['simulate_s']:>9.2f}s{row['requests_per_s']:>12,.0f}"
+        )
+    growth = ", ".join(f"{k} {v:.2f}x" for k, v in result["growth"].items())
+    print(f"growth from {result['from']} to {result['to']:,} devices: {growth}")
 
 
 def bench_scenarios() -> None:
@@ -127,6 +153,7 @@ def bench_serve() -> None:
 if __name__ == "__main__":
     bench_npu_runtimes()
     bench_scheduler()
+    bench_fleet()
     bench_cache()
     bench_serve()
     bench_scenarios()

@@ -1,7 +1,8 @@
 """``hetero bench scheduler``: how long one scheduling decision (queue pop + placement) takes.
 
-64 simulated devices (8 groups of 8 across A100, H100, H200, MI300X, Ascend and Xeon) and
-8 stages, with 100, 1,000 and 10,000 tasks queued. Each decision is timed around
+64 simulated devices (8 groups of 8 across A100, H100, H200, MI300X, Ascend and Xeon, one host
+each) or, with ``--devices 1000``, 125 hosts of 8 of the same kinds, and 8 stages, with 100,
+1,000 and 10,000 tasks queued. Each decision is timed around
 ``Scheduler.dispatch()``; the dispatched task is then completed and a new one queued, so the
 queue length holds. Side by side in the same run: a naive reference that, per decision,
 rescans and sorts every queued task by its current aged priority and costs every device in
@@ -38,14 +39,22 @@ PRESETS = (
     "Xeon-8480+",
 )
 QUEUE_LENGTHS = (100, 1_000, 10_000)
+FLEET_SIZES = (64, 1_000)
 CLASSES = ("interactive", "standard", "batch")
 
 
-def bench_policy() -> Policy:
-    """64 devices in 8 hosts, 8 stages with small models so memory never blocks."""
+def bench_policy(devices: int = 64) -> Policy:
+    """``devices`` (a multiple of 8) in hosts of 8, the kinds of :data:`PRESETS` taking
+    turns by host, and 8 stages with small models so memory never blocks."""
+    if devices < 8 or devices % 8:
+        raise ValueError(f"the bench fleet is hosts of 8 devices, got {devices}")
+    hosts = devices // 8
+    kinds = len(PRESETS)
     groups = "\n".join(
-        f"    - {{name: g{i}, preset: {preset}, count: 8, host: host-{i}}}"
+        f"    - {{name: g{i}, preset: {preset}, count: 8, host: host-{i}, "
+        f"hosts: {hosts // kinds + (i < hosts % kinds)}}}"
         for i, preset in enumerate(PRESETS)
+        if hosts // kinds + (i < hosts % kinds)
     )
     stages = "\n".join(
         f"  s{i}:\n    modality: text\n    variants:\n"
@@ -183,9 +192,11 @@ def _measure(
     )
 
 
-def run_scheduler_bench(decisions: int = 3000, naive_decisions: int = 300) -> list[BenchResult]:
+def run_scheduler_bench(
+    decisions: int = 3000, naive_decisions: int = 300, devices_count: int = 64
+) -> list[BenchResult]:
     """hetero and the naive reference at every queue length, in one run."""
-    policy = bench_policy()
+    policy = bench_policy(devices_count)
     devices = simulated_devices(policy.spec.devices.simulated)
     topology = Topology(devices)
     ids = [d.id for d in devices]

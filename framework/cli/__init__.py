@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("target", choices=["scheduler", "cache", "serve"], help="what to measure")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.add_argument(
+        "--devices", type=int, default=64, help="scheduler: fleet size, a multiple of 8"
+    )
+    bench.add_argument(
         "--seconds", type=float, default=5.0, help="serve: measured seconds per point"
     )
     bench.add_argument(
@@ -184,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.target == "cache":
                 return run_bench_cache(out, args.json)
-            return run_bench_scheduler(out, args.json)
+            if args.devices < 8 or args.devices % 8:
+                parser.error(f"--devices: hosts of 8 devices, got {args.devices}")
+            return run_bench_scheduler(out, args.json, args.devices)
         if args.command == "audit":
             return run_audit_verify(
                 out,

@@ -15,6 +15,7 @@ search per ordered pair into dense n x n tables (a 1,000-device fleet held a mil
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ BoolArray = npt.NDArray[np.bool_]
 LOAD_INIT_S = 0.05
 # Transfers are routed once for this size; the route's cost is then affine in the size.
 ROUTE_PROBE_BYTES = 1 << 20
+# Rows of routes kept, most recently used first: a row is two floats per device, so this bounds
+# the cache at 4 KiB x devices (4 MiB at 1,000 devices) however many sources a fleet has.
+ROUTE_ROWS_KEPT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,10 @@ class FleetCosts:
         hosts: dict[str, int] = {}
         for i, device in enumerate(self.devices):
             self._host_of[i] = hosts.setdefault(device.host, len(hosts))
+        # The devices of each host, for the rows' inside-a-host entries.
+        order = np.argsort(self._host_of, kind="stable")
+        bounds = np.searchsorted(self._host_of[order], np.arange(len(hosts) + 1))
+        self._members = [order[bounds[h] : bounds[h + 1]] for h in range(len(hosts))]
         # A device's host link carries the same figures up and down.
         up = [topology.host_hop(d.id) for d in self.devices]
         self._host_latency = np.array([hop.latency_s for hop in up])
@@ -92,6 +100,7 @@ class FleetCosts:
                     np.asarray(inverse),
                 )
         self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
+        self._rows: OrderedDict[int, tuple[FloatArray, FloatArray]] = OrderedDict()
 
     @property
     def hosts(self) -> int:
@@ -101,15 +110,21 @@ class FleetCosts:
     def routes_from(self, src: int) -> tuple[FloatArray, FloatArray]:
         """Latency and inverse bandwidth of the cheapest route from device ``src`` to every
         device (zero to itself): up to its host, the network hop to another host, down; or the
-        devices' own link where that is cheaper. Hop by hop, summed in route order."""
-        other_host = self._host_of != self._host_of[src]
-        latency = (
-            self._host_latency[src] + np.where(other_host, self._network_latency, 0.0)
-        ) + self._host_latency
-        inverse = (
-            self._host_inverse_bandwidth[src]
-            + np.where(other_host, self._network_inverse_bandwidth, 0.0)
-        ) + self._host_inverse_bandwidth
+        devices' own link where that is cheaper. Hop by hop, summed in route order. The rows of
+        the latest :data:`ROUTE_ROWS_KEPT` sources are kept (read-only arrays)."""
+        row = self._rows.get(src)
+        if row is not None:
+            self._rows.move_to_end(src)
+            return row
+        # Every device as if on another host (up + network, then down: the same sums in the
+        # same order), then the source's own host without the network hop.
+        up_latency = self._host_latency[src]
+        up_inverse = self._host_inverse_bandwidth[src]
+        latency = (up_latency + self._network_latency) + self._host_latency
+        inverse = (up_inverse + self._network_inverse_bandwidth) + self._host_inverse_bandwidth
+        same = self._members[self._host_of[src]]
+        latency[same] = up_latency + self._host_latency[same]
+        inverse[same] = up_inverse + self._host_inverse_bandwidth[same]
         direct = self._direct.get(src)
         if direct is not None:
             targets, direct_latency, direct_inverse = direct
@@ -117,6 +132,11 @@ class FleetCosts:
             inverse[targets] = direct_inverse
         latency[src] = 0.0
         inverse[src] = 0.0
+        latency.flags.writeable = False
+        inverse.flags.writeable = False
+        self._rows[src] = (latency, inverse)
+        if len(self._rows) > ROUTE_ROWS_KEPT:
+            self._rows.popitem(last=False)
         return latency, inverse
 
     def route(self, src: int, dst: int) -> tuple[float, float]:

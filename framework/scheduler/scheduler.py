@@ -1,5 +1,10 @@
 """The scheduler: queues, placement, memory manager and failure breakers behind one object.
 
+This file holds the object, its fleet updates, queues, health and the dispatch and completion
+loop; its parts live beside it: :mod:`placement` (which device), :mod:`residency` (room for
+the model, drains, warm starts), :mod:`estimates` (what the tables say), :mod:`tables` (live
+per-device arrays), :mod:`decisions` (what callers receive), :mod:`state` (the shared fields).
+
 It knows devices and costs, never libraries: the engine (wall clock, real backends) and the
 simulator (virtual clock, sim devices) drive the same object. A caller ``enqueue``\\ s stage
 tasks, calls :meth:`Scheduler.dispatch` until it returns None, carries each
@@ -10,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.framework.devices import DeviceClass, DeviceSpec
-from hetero.framework.errors import HeteroError, NoEligibleDeviceError
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import NoEligibleDeviceError
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
@@ -25,12 +29,28 @@ from hetero.framework.policy import Policy
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
 from hetero.framework.scheduler.clock import Clock
 from hetero.framework.scheduler.costs import FleetCosts, StageCosts
-from hetero.framework.scheduler.memory import LoadPlan, MemoryManager
+from hetero.framework.scheduler.decisions import (
+    Dispatch,
+    PlacementDecision,
+    Rejection,
+    SchedulerStats,
+)
+from hetero.framework.scheduler.estimates import EstimatesMixin
+from hetero.framework.scheduler.memory import MemoryManager
 from hetero.framework.scheduler.queues import QueueClass, StageQueue
+from hetero.framework.scheduler.residency import ResidencyMixin
+from hetero.framework.scheduler.tables import StageTables, compute_groups
 from hetero.framework.scheduler.tasks import StageTask
 from hetero.framework.topology import Topology
 
-__all__ = ["PLACEMENTS", "Dispatch", "PlacementDecision", "Rejection", "Scheduler"]
+__all__ = [
+    "PLACEMENTS",
+    "Dispatch",
+    "PlacementDecision",
+    "Rejection",
+    "Scheduler",
+    "SchedulerStats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,116 +58,11 @@ PLACEMENTS = ("cost_model", "round_robin", "least_connections")
 DECISIONS_KEPT = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class PlacementDecision:
-    """Why a task went where it went: the estimate and its terms, in seconds."""
-
-    task_id: int
-    stage: str
-    variant: str
-    device_id: str
-    policy: str
-    estimate_s: float
-    queue_s: float
-    load_s: float
-    compute_s: float
-    transfer_s: float
-    candidates: int
-
-
-@dataclass(slots=True)
-class Dispatch:
-    """A placed task: evict ``load.evict``, load the model if ``load.load``, then run."""
-
-    task: StageTask
-    device_id: str
-    model_key: str
-    load: LoadPlan
-    decision: PlacementDecision
-    estimate_s: float
-    backlog_s: float = 0.0  # what it added to its device's backlog (estimate / run slots)
-    kv_bytes: int = 0
-    """KV cache reserved on the device for this task, given back when it completes."""
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A task that cannot run anywhere, with the error to report."""
-
-    task: StageTask
-    error: HeteroError
-
-
-@dataclass(slots=True)
-class _Tables:
-    """Live per-device state of one (stage, variant), kept so a decision is a few vector ops."""
-
-    costs: StageCosts
-    pending: np.ndarray  # tasks dispatched to each device, not yet finished
-    correction: np.ndarray  # measured over modelled, per device
-    resident: np.ndarray
-    load_now: np.ndarray  # load time if placed there now: 0 where resident
-    next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
-    limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
-    slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
-    resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
-    draining: np.ndarray  # devices where this model gets no new work: an overdue task waits
-
-    @classmethod
-    def fresh(cls, costs: StageCosts, count: int) -> _Tables:
-        return cls(
-            costs=costs,
-            pending=np.zeros(count, np.int64),
-            correction=np.ones(count),
-            resident=np.zeros(count, bool),
-            load_now=costs.load_s.copy(),
-            next_compute=costs.marginal_s[:, 0].copy(),
-            limit=np.full(count, costs.hint.max_batch, np.int64),
-            slots=np.ones(count, np.int64),
-            resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
-            draining=np.zeros(count, bool),
-        )
-
-    def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
-        """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
-        self.limit[index] = self.costs.hint.max_batch * slots
-        self.slots[index] = slots
-        if resident_bytes is not None:
-            self.resident_bytes[index] = resident_bytes
-
-    def refresh(self, index: int) -> None:
-        """Recompute one device's entries after its pending count, correction or residency moved."""
-        slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
-        self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
-        self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    """Counters the engine and the simulator export."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-
-
 def _always(stage: str, variant: str, device_id: str) -> bool:
     return True
 
 
-def _compute_groups(devices: Sequence[DeviceSpec]) -> np.ndarray:
-    """A group number per device: the CPU devices of one host (several runtimes over the same
-    cores) share one; every other device is its own."""
-    keys: dict[str, int] = {}
-    out = np.zeros(len(devices), dtype=np.int64)
-    for index, device in enumerate(devices):
-        shared = device.device_class is DeviceClass.CPU and bool(
-            device.properties.get("shares_host_memory", False)
-        )
-        key = f"cpu@{device.host}" if shared else f"device:{device.id}"
-        out[index] = keys.setdefault(key, len(keys))
-    return out
-
-
-class Scheduler:
+class Scheduler(ResidencyMixin, EstimatesMixin):
     """Queues per stage, cost-model placement, memory and breakers for one fleet."""
 
     def __init__(
@@ -179,7 +94,7 @@ class Scheduler:
         ]
         count = len(self.devices)
         self._can_run = can_run
-        self.tables: dict[str, _Tables] = {}
+        self.tables: dict[str, StageTables] = {}
         self._fits: dict[tuple[str, int], tuple[int, int | None]] = {}
         for name, stage in spec.stages.items():
             for variant_name, variant in stage.variants.items():
@@ -189,7 +104,7 @@ class Scheduler:
                     0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
                 )
                 costs = self._costs(name, variant_name, hint)
-                self.tables[costs.key] = _Tables.fresh(costs, count)
+                self.tables[costs.key] = StageTables.fresh(costs, count)
         classes = {
             name: QueueClass(weight=c.weight, bound=c.queue_bound)
             for name, c in spec.qos.classes.items()
@@ -235,7 +150,7 @@ class Scheduler:
         # Devices that are one host CPU seen through several runtimes (OpenVINO's CPU, ONNX
         # Runtime's CPU provider, torch on the CPU) share its cores: work promised to one of
         # them delays the others, so placement weighs their backlog together.
-        self._compute_group = _compute_groups(self.devices)
+        self._compute_group = compute_groups(self.devices)
         self._grouped = bool(len(set(self._compute_group.tolist())) < count)
         self.in_flight = np.zeros(count, np.int64)
         self.healthy = np.ones(count, bool)
@@ -250,12 +165,6 @@ class Scheduler:
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
-
-    def _group_backlog(self) -> np.ndarray:
-        """Each device's backlog summed over the devices that share its compute."""
-        groups = self._compute_group
-        summed: np.ndarray = np.bincount(groups, weights=self.backlog)[groups]
-        return summed
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
@@ -274,7 +183,7 @@ class Scheduler:
         policy_batch = old.costs.hint.max_batch
         if hint.batchable:
             hint = dataclasses.replace(hint, max_batch=min(hint.max_batch, policy_batch))
-        fresh = _Tables.fresh(self._costs(stage, variant, hint), len(self.devices))
+        fresh = StageTables.fresh(self._costs(stage, variant, hint), len(self.devices))
         fresh.pending[:] = old.pending
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
@@ -321,7 +230,7 @@ class Scheduler:
         )
         for key, tables in list(self.tables.items()):
             stage, variant = key.split("/", 1)
-            grown = _Tables.fresh(self._costs(stage, variant, tables.costs.hint), count)
+            grown = StageTables.fresh(self._costs(stage, variant, tables.costs.hint), count)
             grown.pending[:old] = tables.pending
             grown.correction[:old] = tables.correction
             grown.resident[:old] = tables.resident
@@ -347,54 +256,10 @@ class Scheduler:
             name: np.concatenate([blocked, np.zeros(extra, bool)])
             for name, blocked in self._breaker_blocked.items()
         }
-        self._compute_group = _compute_groups(self.devices)
+        self._compute_group = compute_groups(self.devices)
         self._grouped = bool(len(set(self._compute_group.tolist())) < count)
         self._base_masks.clear()
         self._unblock()
-
-    def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
-        """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
-        (warm-up timing): every variant's estimate there is scaled to match it."""
-        index = self.fleet.index[device_id]
-        device = self.devices[index]
-        full = self.tables[f"{stage}/full"].costs.hint
-        modelled = full.batch_seconds(
-            device.peak_flops_for(full.dtype), device.memory_bandwidth_bytes_per_s, items
-        )
-        if modelled <= 0 or run_s <= 0:
-            return
-        for key, tables in self.tables.items():
-            if key.split("/", 1)[0] == stage:
-                tables.correction[index] = run_s / modelled
-                tables.refresh(index)
-
-    def estimate_s(self, stage: str, variant: str, device_id: str, items: int = 1) -> float:
-        """The calibrated compute estimate of ``items`` items on ``device_id`` (idle device)."""
-        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
-        index = self.fleet.index[device_id]
-        return float(tables.costs.marginal_s[index, 0] * tables.correction[index] * items)
-
-    def fastest_s(self, stage: str, variant: str = "full") -> float:
-        """The calibrated compute estimate of one item on the fastest device that can run the
-        stage variant (infinity when none can)."""
-        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
-        runnable = tables.costs.runnable & self.healthy
-        if not runnable.any():
-            return float("inf")
-        times = tables.costs.marginal_s[runnable, 0] * tables.correction[runnable]
-        return float(times.min())
-
-    def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
-        """Devices that could ever run this stage variant."""
-        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
-        return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
-
-    def run_slots(self, stage: str) -> int:
-        """The most tasks of ``stage`` one healthy device runs at once (1 unless a device's
-        runtime batches continuously): a queue of the stage drains that much faster."""
-        tables = self.tables[f"{stage}/full"]
-        runnable = tables.costs.runnable & self.healthy
-        return int(tables.slots[runnable].max()) if runnable.any() else 1
 
     def queued(self, stage: str) -> int:
         """Tasks of ``stage`` waiting in its queue."""
@@ -407,8 +272,6 @@ class Scheduler:
     def queued_units(self, stage: str) -> float:
         """Complexity units of the tasks of ``stage`` waiting in its queue."""
         return max(0.0, self.queues[stage].units)
-
-    # --- queues ------------------------------------------------------------------------------
 
     def enqueue(self, task: StageTask) -> None:
         """Queue a task (:class:`QueueFullError` sheds it)."""
@@ -428,8 +291,6 @@ class Scheduler:
         if self._drains:
             self._release_drains(task.id)
 
-    # --- health and breakers -----------------------------------------------------------------
-
     def set_health(self, device_id: str, healthy: bool) -> None:
         """Take a device out of placement, or put it back."""
         self.healthy[self.fleet.index[device_id]] = healthy
@@ -444,91 +305,6 @@ class Scheduler:
             config = self.policy.spec.circuit_breaker.device
             self._breakers[key] = DeviceBreaker(f"{stage}@{device_id}", config)
         return self._breakers[key]
-
-    def _refresh_breakers(self, stage: str, now: float) -> np.ndarray:
-        blocked = self._breaker_blocked[stage]
-        for index in list(self._not_closed[stage]):
-            breaker = self._breakers[(stage, index)]
-            blocked[index] = not breaker.allows(now)
-            if breaker.state is BreakerState.CLOSED:
-                self._not_closed[stage].discard(index)
-        return blocked
-
-    # --- placement ---------------------------------------------------------------------------
-
-    def _transfer(self, task: StageTask, tables: _Tables) -> np.ndarray:
-        fleet = self.fleet
-        if not task.inputs:
-            size = tables.costs.hint.input_bytes * task.items
-            return size * fleet.ingress_inverse_bandwidth
-        if self.outputs_on_host:
-            return sum(h.size_bytes for h in task.inputs) * fleet.ingress_inverse_bandwidth
-        total = np.zeros(len(self.devices))
-        for handle in task.inputs:
-            src = fleet.index.get(handle.device_id)
-            if src is None:
-                # The device that holds the output is gone (unhealthy, removed): the engine
-                # keeps outputs as host arrays, so it costs a host-to-device copy.
-                total += handle.size_bytes * fleet.ingress_inverse_bandwidth
-            else:
-                latency, inverse_bandwidth = fleet.routes_from(src)
-                total += latency + handle.size_bytes * inverse_bandwidth
-        return total
-
-    def _choose(
-        self, task: StageTask, tables: _Tables, mask: np.ndarray
-    ) -> tuple[int, dict[str, float]] | None:
-        if not mask.any():
-            return None
-        compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
-        transfer = self._transfer(task, tables)
-        backlog = self._group_backlog() if self._grouped else self.backlog
-        if self.placement == "round_robin":
-            candidates = np.flatnonzero(mask)
-            after = candidates[candidates > self._round_robin[task.stage]]
-            index = int(after[0] if after.size else candidates[0])
-            self._round_robin[task.stage] = index
-        elif self.placement == "least_connections":
-            index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
-        else:
-            if self._unit_weights:
-                total = backlog + tables.load_now + compute + transfer
-            else:
-                w = self.weights
-                total = (
-                    w.queue * backlog
-                    + w.load * tables.load_now
-                    + w.compute * compute
-                    + w.transfer * transfer
-                )
-            total[~mask] = np.inf
-            index = int(np.argmin(total))
-        terms = {
-            "queue": float(backlog[index]),
-            "load": float(tables.load_now[index]),
-            "compute": float(compute[index]),
-            "transfer": float(transfer[index]),
-        }
-        return index, terms
-
-    def _eligible(
-        self, task: StageTask, costs: StageCosts, now: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Devices that may take ``task`` now (runnable, healthy, where its locality requires,
-        breaker not open, not failed by it), and the breaker-blocked ones."""
-        base = self._base_masks.get(costs.key)
-        if base is None:
-            base = costs.runnable & self.healthy
-            if self._required[task.stage]:
-                base &= self._local[task.stage]
-            self._base_masks[costs.key] = base
-        blocked = self._refresh_breakers(task.stage, now)
-        mask = base & ~blocked if self._not_closed[task.stage] else base.copy()
-        for device_id in task.excluded:
-            index = self.fleet.index.get(device_id)
-            if index is not None:
-                mask[index] = False
-        return mask, blocked
 
     def _place(self, task: StageTask, now: float) -> Dispatch | Rejection | None:
         key = f"{task.stage}/{task.variant}"
@@ -611,119 +387,6 @@ class Scheduler:
             task, device_id, costs.key, plan, decision, estimate, queued_behind, kv_bytes
         )
 
-    def kv_bytes(self, task: StageTask, tables: _Tables) -> int:
-        """The KV cache ``task`` holds at its longest, in whole blocks of the paged allocator
-        (its last block partly empty: the internal fragmentation a block size costs)."""
-        per_token = tables.costs.hint.kv_bytes_per_token
-        if not task.kv_tokens or not per_token:
-            return 0
-        block = self.kv_block_tokens
-        blocks = -(-task.kv_tokens // block)
-        return int(blocks * block * per_token)
-
-    def _find_room(
-        self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float
-    ) -> tuple[int, dict[str, float], LoadPlan] | None:
-        """The best device that can make the model resident, and how.
-
-        Minimum residency stops thrash, but must not starve a model with no replica free to
-        take the task (none at all, or every one at its batch limit): then a second pass may
-        evict young idle models that have another replica elsewhere (never the last copy of a
-        model, which would only move the thrash).
-        """
-        costs = tables.costs
-        kv_bytes = self.kv_bytes(task, tables)
-        passes = [frozenset[str]()]
-        if not (tables.resident & mask).any():
-            passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
-        overdue = self._bounded and self.overdue(task, now)
-        for allow_young in passes:
-            candidates = mask.copy()
-            while (chosen := self._choose(task, tables, candidates)) is not None:
-                index, terms = chosen
-                plan = self.memory[index].plan(
-                    costs.key,
-                    int(tables.resident_bytes[index]),
-                    now,
-                    allow_young=allow_young,
-                    overdue=overdue,
-                    kv_bytes=kv_bytes,
-                )
-                if plan is not None:
-                    return index, terms, plan
-                candidates[index] = False
-        if overdue:
-            self._start_drain(task, tables, mask, now, kv_bytes)
-        return None
-
-    def overdue(self, task: StageTask, now: float) -> bool:
-        """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
-        on minimum residency no longer protects other models from it."""
-        return now >= self.overdue_at(task)
-
-    def overdue_at(self, task: StageTask) -> float:
-        """When ``task`` becomes overdue (the same sum as the wake-up time, so a wake-up at
-        that instant finds it overdue whatever the rounding)."""
-        return task.enqueued_at + self.load_wait_s[task.qos_class]
-
-    def _start_drain(
-        self, task: StageTask, tables: _Tables, mask: np.ndarray, now: float, kv_bytes: int
-    ) -> None:
-        """Busy models hold the room an overdue task needs: on the best device without a drain
-        under way, stop feeding the models whose going makes room, so they turn idle within
-        the work already promised to them (at most one batch each)."""
-        if any(owner == task.id for owner, _ in self._drains.values()):
-            return
-        candidates = mask.copy()
-        for index in self._drains:
-            candidates[index] = False
-        costs = tables.costs
-        while (chosen := self._choose(task, tables, candidates)) is not None:
-            index = chosen[0]
-            manager = self.memory[index]
-            resident = costs.key in manager.resident
-            needed = kv_bytes + (0 if resident else costs.hint.resident_bytes)
-            victims = manager.drain_victims(needed, now, keep=costs.key)
-            if victims is not None:
-                self._drains[index] = (task.id, victims)
-                for victim in victims:
-                    self.tables[victim].draining[index] = True
-                self.stats.counts["drains"] += 1
-                return
-            candidates[index] = False
-
-    def _end_drain(self, index: int) -> None:
-        drain = self._drains.pop(index, None)
-        if drain is not None:
-            for victim in drain[1]:
-                self.tables[victim].draining[index] = False
-            self._unblock()  # the next overdue task may start its drain at once
-
-    def _release_drains(self, task_id: int) -> None:
-        """The task a drain was for left the queue (placed, rejected, cancelled)."""
-        for index, (owner, _) in list(self._drains.items()):
-            if owner == task_id:
-                self._end_drain(index)
-
-    def _why_not(self, task: StageTask, costs: StageCosts, blocked: np.ndarray) -> dict[str, str]:
-        reasons = {}
-        for index, device in enumerate(self.devices):
-            misplaced = self._misplaced[task.stage][index]
-            if costs.why_not[index]:
-                reasons[device.id] = costs.why_not[index]
-            elif misplaced and self._required[task.stage]:
-                reasons[device.id] = misplaced
-            elif not self.healthy[index]:
-                reasons[device.id] = "unhealthy"
-            elif blocked[index]:
-                reasons[device.id] = "circuit breaker open"
-            elif device.id in task.excluded:
-                failure = task.failures.get(device.id, "")
-                reasons[device.id] = (
-                    f"failed this request ({failure})" if failure else "failed this request"
-                )
-        return reasons
-
     def dispatch(self) -> Dispatch | Rejection | None:
         """Place the highest-priority task across all stages; None when nothing can go now."""
         now = self.clock.now()
@@ -758,8 +421,6 @@ class Scheduler:
             self._retry_blocked_at = min(
                 [w for w in waits if w is not None and w > now] + [self._retry_blocked_at]
             )
-
-    # --- completion --------------------------------------------------------------------------
 
     def completed(
         self,
@@ -805,107 +466,8 @@ class Scheduler:
             self.stats.counts[f"breaker_{breaker.state.value}"] += 1
         self._unblock()
 
-    def preload(self, device_id: str, model_key: str) -> bool:
-        """Make ``model_key`` resident on ``device_id`` before any work (a warm start). False if
-        it does not fit in the free memory: a warm start never evicts."""
-        index = self.fleet.index[device_id]
-        tables = self.tables[model_key]
-        costs = tables.costs
-        now = self.clock.now()
-        resident_bytes = int(tables.resident_bytes[index])
-        plan = self.memory[index].plan(model_key, resident_bytes, now)
-        if plan is None or plan.evict:
-            return plan is not None and not plan.load
-        self.memory[index].apply(
-            plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
-        )
-        tables.resident[index] = True
-        tables.refresh(index)
-        return True
-
-    def prefetch(self, model_key: str, evictable: frozenset[str]) -> tuple[str, LoadPlan] | None:
-        """Load ``model_key`` ahead of its traffic (predictive warm-up) on the device where it
-        loads fastest and room can be made by evicting idle models named in ``evictable`` (even
-        young ones: the forecaster judged them colder). None when no device has such room or
-        it is already resident somewhere. The caller carries out the plan (the load takes its
-        time on the device)."""
-        tables = self.tables[model_key]
-        costs = tables.costs
-        if tables.resident.any():
-            return None
-        now = self.clock.now()
-        runnable = np.flatnonzero(costs.runnable & self.healthy)
-        for index in sorted(runnable.tolist(), key=lambda i: (float(costs.load_s[i]), i)):
-            manager = self.memory[index]
-            plan = manager.plan(model_key, costs.hint.resident_bytes, now, allow_young=evictable)
-            if plan is None or not all(victim in evictable for victim in plan.evict):
-                continue
-            for victim in plan.evict:
-                self.tables[victim].resident[index] = False
-                self.tables[victim].refresh(index)
-            manager.apply(
-                plan,
-                costs.hint.resident_bytes,
-                float(costs.load_s[index]),
-                now,
-                costs.min_residency_s,
-            )
-            tables.resident[index] = True
-            tables.refresh(index)
-            self.stats.counts["loads"] += 1
-            self.stats.counts["prefetches"] += 1
-            self.stats.counts["evictions"] += len(plan.evict)
-            return self.devices[index].id, plan
-        return None
-
-    def release(self, device_id: str, model_key: str) -> bool:
-        """Evict an idle ``model_key`` from ``device_id`` (its traffic is forecast to have
-        ended); False if it is not resident there or has work in flight."""
-        index = self.fleet.index[device_id]
-        manager = self.memory[index]
-        residency = manager.resident.get(model_key)
-        if residency is None or residency.in_flight:
-            return False
-        now = self.clock.now()
-        manager.apply(LoadPlan(key=model_key, load=False, evict=(model_key,)), 0, 0.0, now, 0.0)
-        self.tables[model_key].resident[index] = False
-        self.tables[model_key].refresh(index)
-        self.stats.counts["evictions"] += 1
-        self.stats.counts["releases"] += 1
-        self._unblock()
-        return True
-
-    def _unblock(self) -> None:
-        """Something changed (a completion, health): every blocked stage may try again."""
-        self._blocked_stages.clear()
-        self._retry_blocked_at = np.inf
-
     @property
     def next_retry_at(self) -> float:
         """When a stage blocked on memory should be tried again without any completion
         (infinity when none is waiting): event loops schedule a wake-up for it."""
         return float(self._retry_blocked_at)
-
-    def batching_for(self, model_key: str) -> tuple[int, float]:
-        """``(max_batch, max_delay_s)`` of a stage variant: its own figures, else the
-        scheduler's default delay; 1 for a variant that is not batchable."""
-        hint = self.tables[model_key].costs.hint
-        stage_name, variant_name = model_key.split("/", 1)
-        variants = self.policy.spec.stages[stage_name].variants
-        variant = variants["light"] if variant_name == "light" else variants["full"]
-        delay_ms = variant.max_delay_ms
-        if delay_ms is None:
-            delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
-        return (hint.max_batch if hint.batchable else 1), delay_ms / 1000.0
-
-    def eligible_devices(self, stage: str, variant: str) -> int:
-        """How many devices could ever run this stage variant (healthy or not)."""
-        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
-        return int(tables.costs.runnable.sum())
-
-    def unloaded(self, device_id: str, model_key: str) -> None:
-        """The engine dropped a model on its own (a failed load): forget its residency."""
-        index = self.fleet.index[device_id]
-        self.memory[index].resident.pop(model_key, None)
-        self.tables[model_key].resident[index] = False
-        self.tables[model_key].refresh(index)

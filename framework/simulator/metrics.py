@@ -46,11 +46,23 @@ class RunMetrics:
     wall_s: float = 0.0
     events: int = 0
 
+    @staticmethod
+    def memory_figures(utilisation: np.ndarray[Any, Any]) -> tuple[float, float] | None:
+        """``(std dev, mean)`` of a per-device memory utilisation (0-1); None for no devices."""
+        if not utilisation.size:
+            return None
+        return float(np.std(utilisation)), float(np.mean(utilisation))
+
     def observe_memory(self, utilisation: np.ndarray[Any, Any], dt: float) -> None:
         """Fold in ``dt`` seconds at this per-device memory utilisation (0-1)."""
-        if dt > 0 and utilisation.size:
-            self.memory_std_integral += float(np.std(utilisation)) * dt
-            self.memory_mean_integral += float(np.mean(utilisation)) * dt
+        self.observe_memory_figures(self.memory_figures(utilisation), dt)
+
+    def observe_memory_figures(self, figures: tuple[float, float] | None, dt: float) -> None:
+        """Fold in ``dt`` seconds at a utilisation of these :meth:`memory_figures`."""
+        if dt > 0 and figures is not None:
+            std, mean = figures
+            self.memory_std_integral += std * dt
+            self.memory_mean_integral += mean * dt
             self.observed_time += dt
 
     def observe_kv(self, allocated: float, held: float, dt: float) -> None:

@@ -112,7 +112,17 @@ class _Simulation:
         }
         self.lowest_class = min(sorted(spec.qos.classes), key=lambda q: spec.qos.classes[q].weight)
         self.capacity = np.array([m.capacity for m in self.scheduler.memory], dtype=float)
+        # Bytes of resident models per device, re-read only where a dispatch, a warm-up load or
+        # a release moved them (the only places memory changes in a simulation), and the
+        # utilisation figures of the last vector, reused while it stays the same.
+        self.model_bytes = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
+        self.memory_moved: set[int] = set()
+        self.last_used: np.ndarray | None = None
+        self.last_figures: tuple[float, float] | None = None
         self.order = {d.id: index for index, d in enumerate(devices)}
+        self.device_ids = [d.id for d in devices]
+        # Read per event: plain dicts (the policy's maps are persistent, slower to index).
+        self.modality = {name: stage.modality for name, stage in spec.stages.items()}
         self.waiting: set[str] = set()  # devices with items in a batcher
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}
@@ -178,16 +188,26 @@ class _Simulation:
             self.last_memory_time = when
             return
         dt = when - self.last_memory_time
-        used = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
+        memory = self.scheduler.memory
+        for index in self.memory_moved:
+            self.model_bytes[index] = memory[index].model_bytes
+        self.memory_moved.clear()
+        used = self.model_bytes
         if self.kv.running:
+            used = used.copy()
             allocated_all = held_all = 0.0
-            for index, device_id in enumerate(self.devices):
-                allocated, held = self.kv.usage(device_id, when)
+            # Devices without a running batch add nothing: visit the others, in fleet order.
+            running = sorted(self.order[d] for d, batches in self.kv.running.items() if batches)
+            for index in running:
+                allocated, held = self.kv.usage(self.device_ids[index], when)
                 used[index] += allocated
                 allocated_all += allocated
                 held_all += held
             self.metrics.observe_kv(allocated_all, held_all, dt)
-        self.metrics.observe_memory(used / self.capacity, dt)
+        if self.last_used is None or not np.array_equal(used, self.last_used):
+            self.last_figures = self.metrics.memory_figures(used / self.capacity)
+            self.last_used = used.copy()
+        self.metrics.observe_memory_figures(self.last_figures, dt)
         self.last_memory_time = when
 
     def _next_closed_loop(self, client: int, now: float) -> None:
@@ -289,6 +309,8 @@ class _Simulation:
                 continue
             device = self.devices[outcome.device_id]
             self.waiting.add(outcome.device_id)
+            if outcome.load.load or outcome.load.evict:
+                self.memory_moved.add(self.order[outcome.device_id])
             for victim in outcome.load.evict:
                 device.loaded.discard(victim)
                 if victim in device.prefetch:
@@ -330,7 +352,7 @@ class _Simulation:
         """Work of ``request`` in ``stage`` relative to the hint's nominal item."""
         spec = self.workload.spec
         nominal = spec.stage_nominal.get(stage, spec.nominal)
-        modality = self.policy.spec.stages[stage].modality
+        modality = self.modality[stage]
         if modality == "image" and request.images:
             pixels = request.image_pixels or nominal.image_pixels
             return request.images * pixels / nominal.image_pixels
@@ -384,14 +406,9 @@ class _Simulation:
             ):
                 self.metrics.lowest_class_waits.append(now - dispatch.task.enqueued_at)
             run = self.runs.get(int(dispatch.task.request_id))
-            stage = self.policy.spec.stages[dispatch.task.stage]
+            modality = self.modality[dispatch.task.stage]
             counted = run is not None and run.request.arrival >= self.workload.spec.warmup_s
-            if (
-                run is not None
-                and counted
-                and stage.modality == "text"
-                and run.request.output_tokens
-            ):
+            if run is not None and counted and modality == "text" and run.request.output_tokens:
                 if prefill_of is None:
                     total = run.request.text_tokens + run.request.output_tokens
                     prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
@@ -412,6 +429,7 @@ class _Simulation:
         assert self.warmup is not None
         loads, released = self.warmup.tick(now)
         for load in loads:
+            self.memory_moved.add(self.order[load.device_id])
             device = self.devices[load.device_id]
             for victim in load.plan.evict:
                 device.loaded.discard(victim)
@@ -419,6 +437,7 @@ class _Simulation:
                     device.prefetch.remove(victim)
             device.prefetch.append(load.plan.key)
         for device_id, key in released:
+            self.memory_moved.add(self.order[device_id])
             self.devices[device_id].loaded.discard(key)
         if self.events:  # keep forecasting while anything is still to happen
             self.push(self.warmup.next_tick, WARMUP, None)

@@ -1,0 +1,74 @@
+"""What the scheduler's cost tables say without placing anything: calibrated estimates, the
+fastest device, run slots and batching of a stage (admission and the engine ask)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.framework.scheduler.state import SchedulerState
+
+__all__ = ["EstimatesMixin"]
+
+
+class EstimatesMixin(SchedulerState):
+    """Read-only questions about a stage's costs on the fleet."""
+
+    def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
+        """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
+        (warm-up timing): every variant's estimate there is scaled to match it."""
+        index = self.fleet.index[device_id]
+        device = self.devices[index]
+        full = self.tables[f"{stage}/full"].costs.hint
+        modelled = full.batch_seconds(
+            device.peak_flops_for(full.dtype), device.memory_bandwidth_bytes_per_s, items
+        )
+        if modelled <= 0 or run_s <= 0:
+            return
+        for key, tables in self.tables.items():
+            if key.split("/", 1)[0] == stage:
+                tables.correction[index] = run_s / modelled
+                tables.refresh(index)
+
+    def estimate_s(self, stage: str, variant: str, device_id: str, items: int = 1) -> float:
+        """The calibrated compute estimate of ``items`` items on ``device_id`` (idle device)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        index = self.fleet.index[device_id]
+        return float(tables.costs.marginal_s[index, 0] * tables.correction[index] * items)
+
+    def fastest_s(self, stage: str, variant: str = "full") -> float:
+        """The calibrated compute estimate of one item on the fastest device that can run the
+        stage variant (infinity when none can)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        runnable = tables.costs.runnable & self.healthy
+        if not runnable.any():
+            return float("inf")
+        return float(np.min(tables.unit_s, where=runnable, initial=np.inf))
+
+    def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
+        """Devices that could ever run this stage variant."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
+
+    def run_slots(self, stage: str) -> int:
+        """The most tasks of ``stage`` one healthy device runs at once (1 unless a device's
+        runtime batches continuously): a queue of the stage drains that much faster."""
+        tables = self.tables[f"{stage}/full"]
+        runnable = tables.costs.runnable & self.healthy
+        return int(tables.slots[runnable].max()) if runnable.any() else 1
+
+    def batching_for(self, model_key: str) -> tuple[int, float]:
+        """``(max_batch, max_delay_s)`` of a stage variant: its own figures, else the
+        scheduler's default delay; 1 for a variant that is not batchable."""
+        hint = self.tables[model_key].costs.hint
+        stage_name, variant_name = model_key.split("/", 1)
+        variants = self.policy.spec.stages[stage_name].variants
+        variant = variants["light"] if variant_name == "light" else variants["full"]
+        delay_ms = variant.max_delay_ms
+        if delay_ms is None:
+            delay_ms = self.policy.spec.scheduler.batching.max_delay_ms
+        return (hint.max_batch if hint.batchable else 1), delay_ms / 1000.0
+
+    def eligible_devices(self, stage: str, variant: str) -> int:
+        """How many devices could ever run this stage variant (healthy or not)."""
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        return int(tables.costs.runnable.sum())

@@ -1,0 +1,189 @@
+"""Residency glue between placement and the per-device memory managers: finding a device with
+room (minimum residency, then young replicas, then draining busy models for an overdue task),
+KV reservations, warm starts, predictive loads and releases."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.framework.scheduler.memory import LoadPlan
+from hetero.framework.scheduler.placement import PlacementMixin
+from hetero.framework.scheduler.tables import StageTables
+from hetero.framework.scheduler.tasks import StageTask
+
+__all__ = ["ResidencyMixin"]
+
+
+class ResidencyMixin(PlacementMixin):
+    """Where a model can be made resident, and the memory moves the scheduler makes itself."""
+
+    def kv_bytes(self, task: StageTask, tables: StageTables) -> int:
+        """The KV cache ``task`` holds at its longest, in whole blocks of the paged allocator
+        (its last block partly empty: the internal fragmentation a block size costs)."""
+        per_token = tables.costs.hint.kv_bytes_per_token
+        if not task.kv_tokens or not per_token:
+            return 0
+        block = self.kv_block_tokens
+        blocks = -(-task.kv_tokens // block)
+        return int(blocks * block * per_token)
+
+    def _find_room(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float
+    ) -> tuple[int, dict[str, float], LoadPlan] | None:
+        """The best device that can make the model resident, and how.
+
+        Minimum residency stops thrash, but must not starve a model with no replica free to
+        take the task (none at all, or every one at its batch limit): then a second pass may
+        evict young idle models that have another replica elsewhere (never the last copy of a
+        model, which would only move the thrash).
+        """
+        costs = tables.costs
+        kv_bytes = self.kv_bytes(task, tables)
+        passes = [frozenset[str]()]
+        if not (tables.resident & mask).any():
+            passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
+        overdue = self._bounded and self.overdue(task, now)
+        for allow_young in passes:
+            candidates = mask.copy()
+            while (chosen := self._choose(task, tables, candidates)) is not None:
+                index, terms = chosen
+                plan = self.memory[index].plan(
+                    costs.key,
+                    int(tables.resident_bytes[index]),
+                    now,
+                    allow_young=allow_young,
+                    overdue=overdue,
+                    kv_bytes=kv_bytes,
+                )
+                if plan is not None:
+                    return index, terms, plan
+                candidates[index] = False
+        if overdue:
+            self._start_drain(task, tables, mask, now, kv_bytes)
+        return None
+
+    def overdue(self, task: StageTask, now: float) -> bool:
+        """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
+        on minimum residency no longer protects other models from it."""
+        return now >= self.overdue_at(task)
+
+    def overdue_at(self, task: StageTask) -> float:
+        """When ``task`` becomes overdue (the same sum as the wake-up time, so a wake-up at
+        that instant finds it overdue whatever the rounding)."""
+        return task.enqueued_at + self.load_wait_s[task.qos_class]
+
+    def _start_drain(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float, kv_bytes: int
+    ) -> None:
+        """Busy models hold the room an overdue task needs: on the best device without a drain
+        under way, stop feeding the models whose going makes room, so they turn idle within
+        the work already promised to them (at most one batch each)."""
+        if any(owner == task.id for owner, _ in self._drains.values()):
+            return
+        candidates = mask.copy()
+        for index in self._drains:
+            candidates[index] = False
+        costs = tables.costs
+        while (chosen := self._choose(task, tables, candidates)) is not None:
+            index = chosen[0]
+            manager = self.memory[index]
+            resident = costs.key in manager.resident
+            needed = kv_bytes + (0 if resident else costs.hint.resident_bytes)
+            victims = manager.drain_victims(needed, now, keep=costs.key)
+            if victims is not None:
+                self._drains[index] = (task.id, victims)
+                for victim in victims:
+                    self.tables[victim].draining[index] = True
+                self.stats.counts["drains"] += 1
+                return
+            candidates[index] = False
+
+    def _end_drain(self, index: int) -> None:
+        drain = self._drains.pop(index, None)
+        if drain is not None:
+            for victim in drain[1]:
+                self.tables[victim].draining[index] = False
+            self._unblock()  # the next overdue task may start its drain at once
+
+    def _release_drains(self, task_id: int) -> None:
+        """The task a drain was for left the queue (placed, rejected, cancelled)."""
+        for index, (owner, _) in list(self._drains.items()):
+            if owner == task_id:
+                self._end_drain(index)
+
+    def preload(self, device_id: str, model_key: str) -> bool:
+        """Make ``model_key`` resident on ``device_id`` before any work (a warm start). False if
+        it does not fit in the free memory: a warm start never evicts."""
+        index = self.fleet.index[device_id]
+        tables = self.tables[model_key]
+        costs = tables.costs
+        now = self.clock.now()
+        resident_bytes = int(tables.resident_bytes[index])
+        plan = self.memory[index].plan(model_key, resident_bytes, now)
+        if plan is None or plan.evict:
+            return plan is not None and not plan.load
+        self.memory[index].apply(
+            plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+        )
+        tables.resident[index] = True
+        tables.refresh(index)
+        return True
+
+    def prefetch(self, model_key: str, evictable: frozenset[str]) -> tuple[str, LoadPlan] | None:
+        """Load ``model_key`` ahead of its traffic (predictive warm-up) on the device where it
+        loads fastest and room can be made by evicting idle models named in ``evictable`` (even
+        young ones: the forecaster judged them colder). None when no device has such room or
+        it is already resident somewhere. The caller carries out the plan (the load takes its
+        time on the device)."""
+        tables = self.tables[model_key]
+        costs = tables.costs
+        if tables.resident.any():
+            return None
+        now = self.clock.now()
+        runnable = np.flatnonzero(costs.runnable & self.healthy)
+        for index in sorted(runnable.tolist(), key=lambda i: (float(costs.load_s[i]), i)):
+            manager = self.memory[index]
+            plan = manager.plan(model_key, costs.hint.resident_bytes, now, allow_young=evictable)
+            if plan is None or not all(victim in evictable for victim in plan.evict):
+                continue
+            for victim in plan.evict:
+                self.tables[victim].resident[index] = False
+                self.tables[victim].refresh(index)
+            manager.apply(
+                plan,
+                costs.hint.resident_bytes,
+                float(costs.load_s[index]),
+                now,
+                costs.min_residency_s,
+            )
+            tables.resident[index] = True
+            tables.refresh(index)
+            self.stats.counts["loads"] += 1
+            self.stats.counts["prefetches"] += 1
+            self.stats.counts["evictions"] += len(plan.evict)
+            return self.devices[index].id, plan
+        return None
+
+    def release(self, device_id: str, model_key: str) -> bool:
+        """Evict an idle ``model_key`` from ``device_id`` (its traffic is forecast to have
+        ended); False if it is not resident there or has work in flight."""
+        index = self.fleet.index[device_id]
+        manager = self.memory[index]
+        residency = manager.resident.get(model_key)
+        if residency is None or residency.in_flight:
+            return False
+        now = self.clock.now()
+        manager.apply(LoadPlan(key=model_key, load=False, evict=(model_key,)), 0, 0.0, now, 0.0)
+        self.tables[model_key].resident[index] = False
+        self.tables[model_key].refresh(index)
+        self.stats.counts["evictions"] += 1
+        self.stats.counts["releases"] += 1
+        self._unblock()
+        return True
+
+    def unloaded(self, device_id: str, model_key: str) -> None:
+        """The engine dropped a model on its own (a failed load): forget its residency."""
+        index = self.fleet.index[device_id]
+        self.memory[index].resident.pop(model_key, None)
+        self.tables[model_key].resident[index] = False
+        self.tables[model_key].refresh(index)

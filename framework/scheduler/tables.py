@@ -1,0 +1,75 @@
+"""Live per-device state of one (stage, variant), kept as arrays so a decision is a few vector
+operations, and which devices share their compute."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetero.framework.devices import DeviceClass, DeviceSpec
+from hetero.framework.scheduler.costs import StageCosts
+
+__all__ = ["StageTables", "compute_groups"]
+
+
+@dataclass(slots=True)
+class StageTables:
+    """Live per-device state of one (stage, variant), kept so a decision is a few vector ops."""
+
+    costs: StageCosts
+    pending: np.ndarray  # tasks dispatched to each device, not yet finished
+    correction: np.ndarray  # measured over modelled, per device
+    resident: np.ndarray
+    load_now: np.ndarray  # load time if placed there now: 0 where resident
+    next_compute: np.ndarray  # what one more item adds there now (batch slot x correction)
+    unit_s: np.ndarray  # one item alone there (first batch slot x correction)
+    limit: np.ndarray  # tasks that may be outstanding per device: a batch per run slot
+    slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
+    resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
+    draining: np.ndarray  # devices where this model gets no new work: an overdue task waits
+
+    @classmethod
+    def fresh(cls, costs: StageCosts, count: int) -> StageTables:
+        return cls(
+            costs=costs,
+            pending=np.zeros(count, np.int64),
+            correction=np.ones(count),
+            resident=np.zeros(count, bool),
+            load_now=costs.load_s.copy(),
+            next_compute=costs.marginal_s[:, 0].copy(),
+            unit_s=costs.marginal_s[:, 0].copy(),
+            limit=np.full(count, costs.hint.max_batch, np.int64),
+            slots=np.ones(count, np.int64),
+            resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
+            draining=np.zeros(count, bool),
+        )
+
+    def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
+        """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
+        self.limit[index] = self.costs.hint.max_batch * slots
+        self.slots[index] = slots
+        if resident_bytes is not None:
+            self.resident_bytes[index] = resident_bytes
+
+    def refresh(self, index: int) -> None:
+        """Recompute one device's entries after its pending count, correction or residency moved."""
+        slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
+        self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
+        self.unit_s[index] = self.costs.marginal_s[index, 0] * self.correction[index]
+        self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
+
+
+def compute_groups(devices: Sequence[DeviceSpec]) -> np.ndarray:
+    """A group number per device: the CPU devices of one host (several runtimes over the same
+    cores) share one; every other device is its own."""
+    keys: dict[str, int] = {}
+    out = np.zeros(len(devices), dtype=np.int64)
+    for index, device in enumerate(devices):
+        shared = device.device_class is DeviceClass.CPU and bool(
+            device.properties.get("shares_host_memory", False)
+        )
+        key = f"cpu@{device.host}" if shared else f"device:{device.id}"
+        out[index] = keys.setdefault(key, len(keys))
+    return out
