@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import struct
 import zlib
 from typing import Any
@@ -70,44 +71,50 @@ def _dtype(spelled: bytes) -> np.dtype[Any]:
     return dtype
 
 
+_ndarray = np.ndarray
+_SHAPES = [struct.Struct(f"<{ndim}Q").unpack_from for ndim in range(65)]  # numpy 2's most
+
+
 def decode(blob: bytes, tier: str = "cache", *, verified: bool = False) -> Any:
     """The value :func:`encode` serialised; :class:`CorruptEntryError` for anything else.
     ``verified`` skips the checksum, for bytes this process has just encoded itself."""
-    if blob[:4] == MAGIC and len(blob) >= _HEADER.size:
+    if len(blob) >= _HEADER.size and blob.startswith(MAGIC):
         _, kind, checksum = _HEADER.unpack_from(blob)
-        body = memoryview(blob)[_HEADER.size :]
-        if not verified and _checksum(body) != checksum:
+        start = _HEADER.size
+        if not verified and _checksum(memoryview(blob)[start:]) != checksum:
             raise CorruptEntryError(tier, "checksum mismatch")
-    elif blob[:4] == MAGIC_CRC32 and len(blob) >= _HEADER_CRC32.size:
+    elif len(blob) >= _HEADER_CRC32.size and blob.startswith(MAGIC_CRC32):
         _, kind, checksum = _HEADER_CRC32.unpack_from(blob)
-        body = memoryview(blob)[_HEADER_CRC32.size :]
-        if zlib.crc32(body) != checksum:
+        start = _HEADER_CRC32.size
+        if zlib.crc32(memoryview(blob)[start:]) != checksum:
             raise CorruptEntryError(tier, "checksum mismatch")
     elif len(blob) < _HEADER.size:
         raise CorruptEntryError(tier, "too short")
     else:
         raise CorruptEntryError(tier, "bad magic")
     try:
+        if kind == b"N":
+            dtype_end = start + 1 + blob[start]
+            dtype = _dtype(blob[start + 1 : dtype_end])
+            ndim = blob[dtype_end]
+            shape = _SHAPES[ndim](blob, dtype_end + 1)
+            offset = dtype_end + 1 + 8 * ndim
+            if len(blob) - offset != dtype.itemsize * math.prod(shape):
+                raise ValueError("the array's bytes do not match its shape")
+            # Read-only and shared with the cached bytes: callers get a view, never a copy.
+            # (np.ndarray over the buffer, positional: half np.frombuffer's cost here.)
+            return _ndarray(shape, dtype, blob, offset)
         if kind == b"J":
-            return json.loads(bytes(body))
+            return json.loads(blob[start:])
         if kind == b"D":
-            (index_len,) = struct.unpack_from("<I", body, 0)
-            offset = 4 + index_len
+            (index_len,) = struct.unpack_from("<I", blob, start)
+            offset = start + 4 + index_len
             named = {}
-            for name, length in json.loads(bytes(body[4:offset])):
-                named[str(name)] = decode(
-                    bytes(body[offset : offset + int(length)]), tier, verified=True
-                )
+            for name, length in json.loads(blob[start + 4 : offset]):
+                part = blob[offset : offset + int(length)]
+                named[str(name)] = decode(part, tier, verified=True)
                 offset += int(length)
             return named
-        if kind == b"N":
-            dtype_len = body[0]
-            dtype = _dtype(bytes(body[1 : 1 + dtype_len]))
-            ndim = body[1 + dtype_len]
-            start = 2 + dtype_len
-            shape = struct.unpack_from(f"<{ndim}Q", body, start) if ndim else ()
-            # Read-only and shared with the cached bytes: callers get a view, never a copy.
-            return np.frombuffer(body[start + 8 * ndim :], dtype=dtype).reshape(shape)
     except (ValueError, TypeError, IndexError, struct.error, UnicodeDecodeError) as err:
         raise CorruptEntryError(tier, str(err)) from err
     raise CorruptEntryError(tier, f"unknown kind {kind!r}")
