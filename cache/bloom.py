@@ -28,13 +28,14 @@ __all__ = ["GenerationalBloom"]
 
 logger = logging.getLogger(__name__)
 CHANNEL = "hetero:bloom"
+_monotonic = time.monotonic
 ERASE_CHANNEL = "hetero:erase"
 
 
 def _hash(digest: bytes) -> int:
     """The key's own 128 bits as an int. rbloom hashes an int with Python's hash(), which is
     the same in every process for ints (unlike bytes), and calls no Python code to do it."""
-    return int.from_bytes(digest[:16], "big", signed=True)
+    return int.from_bytes(digest[:16], "little")
 
 
 class GenerationalBloom:
@@ -49,29 +50,32 @@ class GenerationalBloom:
         self._current = Bloom(expected_entries, false_positive_rate)
         self._previous = Bloom(expected_entries, false_positive_rate)
         self._rotated_at = time.monotonic()
+        self._rotate_at = self._rotated_at + rotate_after_s
         self._lock = threading.Lock()
         self._subscriber: Any = None  # redis-py's PubSubWorkerThread
         self._pubsub: Any = None
         self._client: Any = None
         self._on_erase: Callable[[str], None] | None = None
 
-    def _maybe_rotate(self) -> None:
-        if time.monotonic() - self._rotated_at >= self.rotate_after_s:  # rarely true
-            with self._lock:
-                if time.monotonic() - self._rotated_at >= self.rotate_after_s:
-                    self._previous = self._current
-                    self._current = Bloom(self._expected, self._rate)
-                    self._rotated_at = time.monotonic()
+    def _rotate(self) -> None:
+        with self._lock:
+            if time.monotonic() >= self._rotate_at:
+                self._previous = self._current
+                self._current = Bloom(self._expected, self._rate)
+                self._rotated_at = time.monotonic()
+                self._rotate_at = self._rotated_at + self.rotate_after_s
 
     def might_contain(self, digest: bytes) -> bool:
         """False means certainly absent."""
-        self._maybe_rotate()
-        key = _hash(digest)
+        if _monotonic() >= self._rotate_at:  # rarely true
+            self._rotate()
+        key = int.from_bytes(digest[:16], "little")  # _hash, inlined: this is the miss path
         return key in self._current or key in self._previous
 
     def add(self, digest: bytes, *, publish: bool = True) -> None:
         """Remember ``digest`` (and tell the other instances)."""
-        self._maybe_rotate()
+        if _monotonic() >= self._rotate_at:
+            self._rotate()
         self._current.add(_hash(digest))
         if publish and self._client is not None:
             try:

@@ -184,22 +184,22 @@ class DiskTier:
                 return None
             env = self._env
         try:
-            # No context manager and no buffers: one copy of the record, and the read
-            # transaction ends at once (both measured cheaper than the alternatives).
-            txn = env.begin(db=self._data)
+            # No context manager, and a buffer into the map: the value is copied out once
+            # (the record's header and tag never are), and the read transaction ends at once.
+            txn = env.begin(db=self._data, buffers=True)
             record = txn.get(key.encode())
+            if record is None:
+                txn.abort()
+                return None
+            expires_at, _, tag_length = RECORD.unpack_from(record)
+            value = bytes(record[HEADER + tag_length :]) if expires_at > time.time() else None
             txn.abort()
         except lmdb.Error as err:  # a broken disk is a miss
             self._failed(err)
             return None
-        if record is None:
-            return None
-        expires_at, _, tag_length = RECORD.unpack_from(record)
-        if expires_at > time.time():
-            value: bytes = record[HEADER + tag_length :]
-            return value
-        self.delete(key)
-        return None
+        if value is None:
+            self.delete(key)
+        return value
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """The stored bytes of several keys, in order, in one read transaction."""
@@ -352,32 +352,46 @@ class DiskTier:
         return self._env
 
     def erase_content(self, content: str) -> int:
-        """Drop every entry derived from ``content``; how many. Raises if the disk fails: an
-        erasure must not be reported done when it was not."""
+        """Drop every entry derived from ``content``; how many. Raises :class:`CacheError` if
+        the disk fails: an erasure must not be reported done when it was not."""
         env = self._for_erasure()
         if env is None:
             return 0
         tag = content.encode()
-        with env.begin(db=self._content) as txn:
-            cursor = txn.cursor()
-            raws = list(cursor.iternext_dup()) if cursor.set_key(tag) else []
-        return self._remove(env, raws)
+        try:
+            with env.begin(db=self._content) as txn:
+                cursor = txn.cursor()
+                raws = list(cursor.iternext_dup()) if cursor.set_key(tag) else []
+            return self._remove(env, raws)
+        except (lmdb.Error, OSError) as err:
+            raise self._erasure_failed(f"content {content}", err) from err
 
     def erase_prefix(self, prefix: str) -> int:
-        """Drop every entry whose key starts with ``prefix`` (a partition); raises on failure."""
+        """Drop every entry whose key starts with ``prefix`` (a partition); raises
+        :class:`CacheError` on failure."""
         env = self._for_erasure()
         if env is None:
             return 0
         start = prefix.encode()
         raws = []
-        with env.begin(db=self._data) as txn:
-            cursor = txn.cursor()
-            if cursor.set_range(start):
-                for raw in cursor.iternext(keys=True, values=False):
-                    if not raw.startswith(start):
-                        break
-                    raws.append(raw)
-        return self._remove(env, raws)
+        try:
+            with env.begin(db=self._data) as txn:
+                cursor = txn.cursor()
+                if cursor.set_range(start):
+                    for raw in cursor.iternext(keys=True, values=False):
+                        if not raw.startswith(start):
+                            break
+                        raws.append(raw)
+            return self._remove(env, raws)
+        except (lmdb.Error, OSError) as err:
+            raise self._erasure_failed(f"entries under {prefix}", err) from err
+
+    def _erasure_failed(self, what: str, err: Exception) -> CacheError:
+        """The failure counted, and the error a caller of an erasure sees (the store's own
+        message kept, never LMDB's exception type)."""
+        self.errors += 1
+        self._on_error()
+        return CacheError(f"disk cache at {self.directory}: erasing {what} failed: {err}")
 
     # --- the rest --------------------------------------------------------------------------
 

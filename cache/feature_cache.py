@@ -113,16 +113,19 @@ class FeatureCache:
         self._reads = 0
         # Labelled children bound once: a label lookup per read costs more than the read.
         m = self.metrics
-        self._hit = {name: m.hits.labels(name) for name in ("memory", "disk", "redis")}
+        self._hits = m.hit_counts  # plain counts, read when /metrics is scraped
         self._latency = {name: m.latency.labels(name) for name in ("memory", "disk", "redis")}
         self._plain = not sensitive
-        # Bytes per tier are read when /metrics is scraped, never tracked by hand.
+        self._enabled = config.enabled
+        # Bytes and evictions per tier are read when /metrics is scraped, never tracked by hand.
         if self.memory is not None:
             memory = self.memory
-            self.metrics.bytes.labels("memory").set_function(lambda: memory.size_bytes)
+            m.bytes.labels("memory").set_function(lambda: memory.size_bytes)
+            m.eviction_sources["memory"] = lambda: memory.evictions
         if self.disk is not None:
             disk = self.disk
-            self.metrics.bytes.labels("disk").set_function(lambda: disk.size_bytes)
+            m.bytes.labels("disk").set_function(lambda: disk.size_bytes)
+            m.eviction_sources["disk"] = lambda: disk.evictions
         self._measure_tiers()
         if self.redis is not None:  # subscribe first: writes during the warm-up are heard
             self.bloom.share_through(self.redis.raw(), on_erase=self._erased_elsewhere)
@@ -130,6 +133,7 @@ class FeatureCache:
         # thousands on a busy host, seconds of start-up. It runs beside the caller instead;
         # until it is done, a Bloom "no" is not trusted and reads ask the lower tiers.
         self.bloom_warm = threading.Event()
+        self._trust_bloom = False  # bloom_warm, read without a call on every miss
         threading.Thread(target=self._warm_bloom, name="hetero-bloom-warm", daemon=True).start()
 
     # --- tier order ----------------------------------------------------------------------
@@ -167,6 +171,7 @@ class FeatureCache:
         except Exception as err:  # a tier that fails here fails reads too; never trust the filter
             logger.warning("feature cache: Bloom filter not warmed (%s); it stays bypassed", err)
             return
+        self._trust_bloom = True
         self.bloom_warm.set()
 
     def _fill_bloom(self) -> None:
@@ -209,23 +214,27 @@ class FeatureCache:
 
     def lookup(self, key: FeatureKey) -> tuple[Any | None, str | None]:
         """(the cached value, the tier that had it), or (None, None) on a miss."""
-        if not self.config.enabled:
+        if not self._enabled:
             return None, None
-        cacheable, cipher = self._protection(key)
-        if not cacheable:
-            return None, None
-        if self.memory is not None:
-            value = self.memory.get(key.digest, time.monotonic())
+        if self._plain or key.partition is None:
+            cipher = None
+        else:
+            cacheable, cipher = self._protection(key)
+            if not cacheable:
+                return None, None
+        memory = self.memory
+        if memory is not None:
+            value = memory.get(key.digest, time.monotonic())
             if value is not None:
-                self._hit["memory"].inc()
+                self._hits["memory"] += 1
                 return value, "memory"
-        if self.bloom_warm.is_set() and not self.bloom.might_contain(key.digest):
-            self.metrics.bloom_negatives.inc()
+        if self._trust_bloom and not self.bloom.might_contain(key.digest):
+            self.metrics.bloom_negative_count += 1
             return None, None
         found: list[str] = []
         value = self._from_lower(key, cipher, found)
         if value is None:
-            self.metrics.misses.inc()
+            self.metrics.miss_count += 1
             return None, None
         return value, found[0] if found else None
 
@@ -273,9 +282,9 @@ class FeatureCache:
             logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
             tier.delete(key.text)
             return None
-        self._hit[tier.name].inc()
-        self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
+        self._hits[tier.name] += 1
         if faster or self.memory is not None:
+            self.bloom.add(key.digest, publish=False)  # the promoted copies live a full TTL
             ttl = self._ttl()
             for upper in faster:
                 self._write(upper, key, blob, ttl)
@@ -288,10 +297,10 @@ class FeatureCache:
         Bloom filter key by key, then each lower tier once for every key still missing (Redis in
         one ``MGET`` round trip, the disk in one read transaction)."""
         values: list[Any | None] = [None] * len(keys)
-        if not self.config.enabled:
+        if not self._enabled:
             return values
         pending: list[tuple[int, FeatureKey, Cipher | None]] = []
-        trust_bloom = self.bloom_warm.is_set()
+        trust_bloom = self._trust_bloom
         for index, key in enumerate(keys):
             cacheable, cipher = self._protection(key)
             if not cacheable:
@@ -299,11 +308,11 @@ class FeatureCache:
             if self.memory is not None:
                 value = self.memory.get(key.digest, time.monotonic())
                 if value is not None:
-                    self._hit["memory"].inc()
+                    self._hits["memory"] += 1
                     values[index] = value
                     continue
             if trust_bloom and not self.bloom.might_contain(key.digest):
-                self.metrics.bloom_negatives.inc()
+                self.metrics.bloom_negative_count += 1
                 continue
             pending.append((index, key, cipher))
         faster: list[_Tier] = []
@@ -321,7 +330,7 @@ class FeatureCache:
             pending = missing
             faster.append(tier)
         if pending:
-            self.metrics.misses.inc(len(pending))
+            self.metrics.miss_count += len(pending)
         return values
 
     # --- writes ----------------------------------------------------------------------------
@@ -331,10 +340,7 @@ class FeatureCache:
 
     def _write(self, tier: _Tier, key: FeatureKey, blob: bytes, ttl_s: float) -> None:
         if isinstance(tier, DiskTier):
-            before = tier.evictions
             tier.put(key.text, blob, ttl_s, key.content)
-            if tier.evictions != before:
-                self.metrics.evictions.labels("disk").inc(tier.evictions - before)
         elif isinstance(tier, RedisTier):
             if key.stage == "probe":  # the start-up probe needs no erasure index
                 tier.guarded(lambda: tier.raw().set(key.text, blob, px=int(ttl_s * 1000)), None)
@@ -344,7 +350,7 @@ class FeatureCache:
     def put(self, key: FeatureKey, value: Any) -> None:
         """Store ``value`` in every tier (encrypted for a sensitive partition). The memory tier
         keeps a decoded, read-only copy, so later changes to ``value`` do not leak in."""
-        if not self.config.enabled:
+        if not self._enabled:
             return
         cacheable, cipher = self._protection(key)
         if not cacheable:
@@ -353,9 +359,8 @@ class FeatureCache:
         blob = cipher.encrypt(plain, key.text.encode()) if cipher is not None else plain
         ttl = self._ttl()
         if self.memory is not None:
-            before = self.memory.evictions
-            self.memory.put(key.digest, decode(plain), len(blob), time.monotonic() + ttl)
-            self.metrics.evictions.labels("memory").inc(self.memory.evictions - before)
+            value = decode(plain, verified=True)  # encoded just now: no checksum to verify
+            self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
         for tier in self._lower:
             self._write(tier, key, blob, ttl)
         self.bloom.add(key.digest)
@@ -365,7 +370,7 @@ class FeatureCache:
         value = self.get(key)
         if value is not None:
             return value
-        if not self.config.enabled or not self._protection(key)[0]:
+        if not self._enabled or not self._protection(key)[0]:
             self.metrics.computations.inc()
             return compute()
         waits_before = self.single_flight.waits

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from hetero.framework.errors import CacheKeyError
@@ -34,7 +35,7 @@ def content_digest(content: bytes) -> str:
     return hashlib.blake2b(content, digest_size=DIGEST_BYTES).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FeatureKey:
     """One cache entry's identity.
 
@@ -50,9 +51,9 @@ class FeatureKey:
     stage: str
     partition: str | None = None
 
-    @property
+    @cached_property
     def text(self) -> str:
-        """The key as stored in Redis and on disk."""
+        """The key as stored in Redis and on disk (built once per key, on first use)."""
         return f"{PREFIX}:{self.partition or '-'}:{self.content}:{self.digest.hex()}"
 
 

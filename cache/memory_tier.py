@@ -35,6 +35,7 @@ through normal eviction.
 from __future__ import annotations
 
 import random
+import struct
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -61,6 +62,10 @@ VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOTS = range(6)
 WINDOW, PROBATION, PROTECTED = range(3)
 
 Slots = tuple[int, int, int, int]
+# A digest's first 8 bytes: as one 64-bit int (the doorkeeper's key) and as four 16-bit pieces
+# (the sketch's four rows); struct reads both without building a wider int to shift.
+_HASH64 = struct.Struct("<Q").unpack_from
+_PIECES = struct.Struct("<4H").unpack_from
 
 
 class FrequencySketch:
@@ -77,7 +82,7 @@ class FrequencySketch:
         self.table = bytearray(4 * self.width)
         self.sample = 10 * self.width
         self.door = Bloom(self.sample, 0.01)
-        self._added = 0
+        self.added = 0  # requests counted since the last halving
 
     def slots(self, key_hash: int) -> Slots:
         """The key's four counters."""
@@ -105,9 +110,9 @@ class FrequencySketch:
                 table[d] += 1
         else:
             door.add(key_hash)
-        self._added += 1
-        if self._added >= self.sample:
-            self._halve()
+        self.added += 1
+        if self.added >= self.sample:
+            self.halve()
 
     def frequency(self, key_hash: int, slots: Slots) -> int:
         """How often the key was asked for recently (an upper bound)."""
@@ -115,10 +120,11 @@ class FrequencySketch:
         a, b, c, d = slots
         return min(table[a], table[b], table[c], table[d]) + (key_hash in self.door)
 
-    def _halve(self) -> None:
+    def halve(self) -> None:
+        """Age: every counter halves and the doorkeeper forgets."""
         self.table = self.table.translate(_HALF)
         self.door.clear()
-        self._added //= 2
+        self.added //= 2
 
 
 _HALF = bytes(value >> 1 for value in range(256))
@@ -139,6 +145,7 @@ class MemoryTier:
         self._bytes = [0, 0, 0]  # per queue
         self.window_max = max(1, int(max_bytes * WINDOW_START))
         self._sketch = FrequencySketch(64)
+        self._grow_at = self._sketch.width // SKETCH_PER_ENTRY  # entries that want a wider one
         self._reads: list[list[Any]] = []
         self._steering: WindowSteering | None = None  # from the first eviction on
         self._lock = threading.Lock()
@@ -159,6 +166,8 @@ class MemoryTier:
     def get(self, digest: bytes, now: float) -> Any | None:
         """The value, or None (missing or expired). A hit is recorded for the sketch; a miss
         counts when the computed value is offered to :meth:`put`."""
+        if digest not in self._data:  # a miss needs no lock: one dictionary read is atomic
+            return None
         with self._lock:
             entry = self._data.get(digest)
             if entry is None:
@@ -178,7 +187,7 @@ class MemoryTier:
             if len(reads) >= READ_BUFFER:
                 self._drain()
             steering = self._steering
-            if steering is not None and not entry[HASH] & steering.mask:
+            if steering is not None and not digest[8] & steering.mask:
                 change = steering.request(digest, entry[SIZE], True)
                 if change:
                     self._resize_window(self.window_max + change)
@@ -218,62 +227,100 @@ class MemoryTier:
         with self._lock:
             data = self._data
             # The digest's own bits (not hash(), which differs between processes): the same
-            # stream gives the same decisions everywhere. Nine bytes: the sketch's slots use the
-            # low 64 bits, the steering's sample the bits above.
-            key_hash = int.from_bytes(digest[:9], "little")
+            # stream gives the same decisions everywhere. The sketch's slots and the
+            # doorkeeper use bytes 0-7, the steering's sample byte 8.
+            (key_hash,) = _HASH64(digest)
             if digest in data:
                 self._remove(digest)
             else:
                 steering = self._steering
-                if steering is not None and not key_hash & steering.mask:
+                if steering is not None and not digest[8] & steering.mask:
                     change = steering.request(digest, size, False)
                     if change:
                         self._resize_window(self.window_max + change)
             sketch = self._sketch
             mask, width = sketch.mask, sketch.width
-            slots = (
-                key_hash & mask,
-                width + ((key_hash >> 16) & mask),
-                2 * width + ((key_hash >> 32) & mask),
-                3 * width + ((key_hash >> 48) & mask),
-            )
+            a, b, c, d = _PIECES(digest)
+            slots = (a & mask, width + (b & mask), 2 * width + (c & mask), 3 * width + (d & mask))
             entry = [value, size, expires_at, WINDOW, key_hash, slots]
-            sketch.increment(key_hash, slots)  # at once: the duel this write may start needs it
+            # The sketch counts the write at once (the duel this write may start needs it):
+            # FrequencySketch.increment, inlined, as this is every miss's path.
+            door = sketch.door
+            if key_hash in door:
+                table = sketch.table
+                a, b, c, d = slots
+                if table[a] < MAX_COUNT:
+                    table[a] += 1
+                if table[b] < MAX_COUNT:
+                    table[b] += 1
+                if table[c] < MAX_COUNT:
+                    table[c] += 1
+                if table[d] < MAX_COUNT:
+                    table[d] += 1
+            else:
+                door.add(key_hash)
+            sketch.added += 1
+            if sketch.added >= sketch.sample:
+                sketch.halve()
             data[digest] = entry
-            self._window[digest] = entry
             sizes = self._bytes
-            sizes[WINDOW] += size
-            if sizes[0] + sizes[1] + sizes[2] > self.max_bytes:
-                self._evict()
-            if SKETCH_PER_ENTRY * len(data) > sketch.width and sketch.width < 1 << MAX_WIDTH_BITS:
+            window = self._window
+            if sizes[0] + sizes[1] + sizes[2] + size <= self.max_bytes:
+                window[digest] = entry
+                sizes[WINDOW] += size
+            elif window or size <= self.window_max:
+                window[digest] = entry
+                sizes[WINDOW] += size
+                self._evict(None)
+            else:  # the window cannot hold it even alone: it is at once the candidate
+                self._evict((digest, entry))
+            if len(data) > self._grow_at:
                 self._grow_sketch()
             return digest in data
 
-    def _evict(self) -> None:
+    def _evict(self, arriving: tuple[bytes, list[Any]] | None) -> None:
         """Window overflow becomes candidates for the main space, newest first; while the tier
         is over budget a candidate duels on frequency with the main space's oldest entry
-        (probation's, else protected's) and the loser goes (Caffeine's evictFromMain)."""
+        (probation's, else protected's) and the loser goes (Caffeine's evictFromMain).
+        ``arriving``: a new entry that skips an empty window too small for it (the same duel
+        as entering and leaving it at once, without the two queue operations)."""
         if self._reads:  # duels see every request so far
             self._drain()
         if self._steering is None:  # full for the first time: the sample share is set now
             self._steering = WindowSteering(self.max_bytes, len(self._data))
-        window, probation, protected = self._window, self._probation, self._protected
+        probation, protected = self._probation, self._protected
         data, sizes, max_bytes = self._data, self._bytes, self.max_bytes
         total = sizes[0] + sizes[1] + sizes[2]
-        candidates = []
-        while sizes[WINDOW] > self.window_max and window:
-            digest, entry = window.popitem(last=False)
-            sizes[WINDOW] -= entry[SIZE]
-            candidates.append((digest, entry))
-        for digest, entry in reversed(candidates):
+        if arriving is not None:
+            candidates = [arriving]
+            total += arriving[1][SIZE]
+        else:
+            candidates = self._leaving_window()
+        sketch = self._sketch
+        table, door = sketch.table, sketch.door
+        for digest, entry in candidates:
             admitted = True
+            a, b, c, d = entry[SLOTS]
+            wanted = min(table[a], table[b], table[c], table[d]) + (entry[HASH] in door)
             while total > max_bytes:
                 source = probation or protected
                 if not source:
                     break
                 victim = next(iter(source))
                 held = source[victim]
-                if self._admit(entry, held):
+                # The duel (Caffeine's admit), inlined: the candidate enters if it is asked for
+                # more often than the victim; a tie keeps the victim (a stream of one-offs
+                # cannot wash out the main space) unless the steering's last period found LRU
+                # hitting at least as often (a recency stream: the newer entry is the better
+                # bet); a warm candidate sometimes wins a lost duel, so nobody can pin a victim
+                # by keeping its frequency just above everything else.
+                a, b, c, d = held[SLOTS]
+                incumbent = min(table[a], table[b], table[c], table[d]) + (held[HASH] in door)
+                if wanted > incumbent or (
+                    self._steering.recency
+                    if wanted == incumbent
+                    else wanted >= WARM and self._random.random() < 1 / 128
+                ):
                     del source[victim]
                     del data[victim]
                     sizes[held[QUEUE]] -= held[SIZE]
@@ -291,33 +338,32 @@ class MemoryTier:
                 total -= entry[SIZE]
                 self.rejections += 1
                 self.evictions += 1
-        while total > max_bytes:  # no candidate left to duel: the oldest entries go
+        if total > max_bytes:
+            self._drop_oldest(total)
+
+    def _leaving_window(self) -> list[tuple[bytes, list[Any]]]:
+        """The window's overflow, newest first."""
+        window, sizes, window_max = self._window, self._bytes, self.window_max
+        leaving = []
+        while sizes[WINDOW] > window_max and window:
+            digest, entry = window.popitem(last=False)
+            sizes[WINDOW] -= entry[SIZE]
+            leaving.append((digest, entry))
+        if len(leaving) > 1:
+            leaving.reverse()
+        return leaving
+
+    def _drop_oldest(self, total: int) -> None:
+        """No candidate left to duel: the oldest entries go until the tier fits."""
+        data, sizes = self._data, self._bytes
+        window, probation, protected = self._window, self._probation, self._protected
+        while total > self.max_bytes:
             queue = probation or protected or window
             victim, held = queue.popitem(last=False)
             del data[victim]
             sizes[held[QUEUE]] -= held[SIZE]
             total -= held[SIZE]
             self.evictions += 1
-
-    def _admit(self, candidate: list[Any], victim: list[Any]) -> bool:
-        """Caffeine's rule: the candidate enters if it is asked for more often than the victim.
-        A tie keeps the victim (a stream of one-offs cannot wash out the main space) unless the
-        steering's last period found LRU hitting at least as often (a recency stream, where
-        the newer entry is the better bet)."""
-        sketch = self._sketch
-        table, door = sketch.table, sketch.door
-        a, b, c, d = candidate[SLOTS]
-        wanted = min(table[a], table[b], table[c], table[d]) + (candidate[HASH] in door)
-        a, b, c, d = victim[SLOTS]
-        held = min(table[a], table[b], table[c], table[d]) + (victim[HASH] in door)
-        if wanted > held:
-            return True
-        if wanted == held:
-            steering = self._steering
-            return steering is not None and steering.recency
-        # A warm candidate sometimes wins a lost duel, so nobody can pin a victim in place by
-        # keeping its frequency just above everything else.
-        return wanted >= WARM and self._random.random() < 1 / 128
 
     # --- window adaptation ------------------------------------------------------------------
 
@@ -348,6 +394,8 @@ class MemoryTier:
         """Fewer counters per row than the entries held want: a wider sketch (counts restart,
         as Caffeine's ensureCapacity does)."""
         self._sketch = FrequencySketch(SKETCH_PER_ENTRY * len(self._data))
+        width = self._sketch.width
+        self._grow_at = width // SKETCH_PER_ENTRY if width < 1 << MAX_WIDTH_BITS else 1 << 62
         slots = self._sketch.slots
         for entry in self._data.values():
             entry[SLOTS] = slots(entry[HASH])

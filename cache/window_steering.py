@@ -8,7 +8,7 @@ last whatever the window did, so on the Mooncake stream it walked the window to 
 points to LRU.
 
 Here the comparison is made in the same period, on the same requests: a shadow LRU (keys and
-sizes only, no values) sees the requests of a spatial sample of the keys (the keys whose hash has
+sizes only, no values) sees the requests of a spatial sample of the keys (the keys whose digest has
 its sampling bits zero, as SHARDS samples, Waldspurger et al., FAST'15), with the tier's byte
 budget scaled by the same share. Each period counts the requests only one of the two hit, and
 treats that count as a fair coin's tosses:
@@ -53,8 +53,9 @@ class WindowSteering:
 
     def __init__(self, max_bytes: int, entries: int) -> None:
         self.shift = (max(1, entries // TARGET)).bit_length() - 1
-        # Sampled: the key hash's bits from 64 up are zero (the sketch's slots use bits 0-63).
-        self.mask = ((1 << self.shift) - 1) << 64
+        # Sampled: the low ``shift`` bits of the digest's ninth byte are zero (the sketch's
+        # slots use bytes 0-7), so at most one key in 256 when the tier is very large.
+        self.mask = ((1 << self.shift) - 1) & 0xFF
         self._budget = max_bytes >> self.shift
         self._step = int(STEP * max_bytes)
         self._shadow: OrderedDict[bytes, int] = OrderedDict()

@@ -37,45 +37,45 @@ READS = 5000
 VALUE = np.random.default_rng(0).standard_normal(1280).astype(np.float32)  # a 5 KB embedding
 
 
-def _timed(action: Callable[[], Any], reads: int = READS) -> dict[str, float]:
-    for _ in range(200):
-        action()
-    samples = []
-    for _ in range(reads):
-        started = time.perf_counter_ns()
-        action()
-        samples.append(time.perf_counter_ns() - started)
-    samples.sort()
+REPEATS = 5  # each per-operation figure is the median of this many rounds' medians
+
+
+def _figures(rounds: list[list[int]]) -> dict[str, Any]:
+    """p50 (the median of the rounds' medians, with each round's), mean and p99 over all."""
+    medians = [statistics.median(series) for series in rounds]
+    every = sorted(itertools.chain.from_iterable(rounds))
     return {
-        "p50_us": statistics.median(samples) / 1000,
-        "mean_us": statistics.fmean(samples) / 1000,
-        "p99_us": samples[int(0.99 * len(samples))] / 1000,
+        "p50_us": statistics.median(medians) / 1000,
+        "p50_us_by_round": [round(m / 1000, 3) for m in medians],
+        "mean_us": statistics.fmean(every) / 1000,
+        "p99_us": every[int(0.99 * len(every))] / 1000,
     }
 
 
-def _timed_together(*actions: Callable[[], Any], reads: int = READS) -> list[dict[str, float]]:
+def _timed(action: Callable[[], Any], reads: int = READS) -> dict[str, Any]:
+    """One action's cost: ``REPEATS`` rounds of ``reads / REPEATS`` calls after a warm-up."""
+    return _timed_together(action, reads=reads)[0]
+
+
+def _timed_together(*actions: Callable[[], Any], reads: int = READS) -> list[dict[str, Any]]:
     """The actions timed in alternation, so the machine's noise (other processes, a busy
-    core) hits all alike: a ratio of two is then a fair one."""
+    core) hits all alike: a ratio of two is then a fair one. ``REPEATS`` rounds; each figure's
+    p50 is the median of the rounds' medians."""
     for _ in range(200):
         for action in actions:
             action()
-    samples: list[list[int]] = [[] for _ in actions]
-    for _ in range(reads):
-        for action, into in zip(actions, samples, strict=True):
-            started = time.perf_counter_ns()
-            action()
-            into.append(time.perf_counter_ns() - started)
-    figures = []
-    for series in samples:
-        series.sort()
-        figures.append(
-            {
-                "p50_us": statistics.median(series) / 1000,
-                "mean_us": statistics.fmean(series) / 1000,
-                "p99_us": series[int(0.99 * len(series))] / 1000,
-            }
-        )
-    return figures
+    rounds: list[list[list[int]]] = [[] for _ in actions]
+    clock = time.perf_counter_ns
+    for _ in range(REPEATS):
+        samples: list[list[int]] = [[] for _ in actions]
+        for _ in range(reads // REPEATS):
+            for action, into in zip(actions, samples, strict=True):
+                started = clock()
+                action()
+                into.append(clock() - started)
+        for per_action, series in zip(rounds, samples, strict=True):
+            per_action.append(series)
+    return [_figures(per_action) for per_action in rounds]
 
 
 def _config(memory: bool, disk: bool, redis_url: str | None) -> CacheConfig:
@@ -402,7 +402,11 @@ def _ratios(results: dict[str, Any]) -> None:
 
 def run_cache_bench() -> dict[str, Any]:
     """Every figure, measured in one run."""
-    results: dict[str, Any] = {"value_bytes": int(VALUE.nbytes)}
+    results: dict[str, Any] = {
+        "value_bytes": int(VALUE.nbytes),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         key = feature_key(b"bench-content", stage="vision", model_version="1")
@@ -429,6 +433,7 @@ def run_cache_bench() -> dict[str, Any]:
         "lru": zipf_1pct["lru"],
         "stream": "zipf_with_scans at 1 % of its unique keys",
     }
+    results["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     results["goals"] = {
         "memory_tier_hit_p50_us": 1.5,
         "memory_tier_miss_and_admit_p50_us": 2,

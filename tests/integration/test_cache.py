@@ -125,6 +125,30 @@ def test_bloom_sized_for_100k_has_no_false_negatives_and_about_1pct_false_positi
     assert 0.005 <= rate <= 0.02, rate
 
 
+def test_bloom_rate_is_about_2p_once_both_generations_are_full_and_idle_rotates_once() -> None:
+    from hetero.cache.bloom import GenerationalBloom
+
+    bloom = GenerationalBloom(50_000, 0.01, rotate_after_s=3600)
+    older = [key(f"old-{i}".encode()).digest for i in range(50_000)]
+    newer = [key(f"new-{i}".encode()).digest for i in range(50_000)]
+    others = [key(f"out-{i}".encode()).digest for i in range(50_000)]
+    bloom.add_many(older)
+    bloom._rotate_at = 0.0  # the period is over (the clock, not a sleep)
+    assert bloom.might_contain(older[0])  # rotated: the older keys are the previous generation
+    bloom.add_many(newer)
+    assert all(bloom.might_contain(d) for d in older + newer)  # no false negative in either
+    both_full = sum(bloom.might_contain(d) for d in others) / len(others)
+    assert 0.015 <= both_full <= 0.026, both_full  # about 1 - (1 - p)^2, not p
+    # Idle for many periods: the next use rotates once, so the previous generation (newer)
+    # is still asked, and only the one before it (older) is forgotten.
+    bloom._rotate_at = 0.0
+    assert all(bloom.might_contain(d) for d in newer)
+    forgotten = sum(bloom.might_contain(d) for d in older) / len(older)
+    assert forgotten < 0.02, forgotten  # the control: older keys now answer only as p allows
+    just_rotated = sum(bloom.might_contain(d) for d in others) / len(others)
+    assert just_rotated < 0.015, just_rotated  # one full generation: about p
+
+
 def test_one_writer_makes_its_key_visible_to_another_instances_bloom(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:

@@ -124,8 +124,12 @@ def test_a_broken_disk_is_a_miss_and_never_raises(tmp_path: Path) -> None:
         assert not tier.up
         tier.put(key("b"), b"x", 60, "c")  # bypassed, no error
         assert errors
-        with pytest.raises(lmdb.Error):
-            tier.erase_content("c")  # an erasure that cannot happen says so
+        errors.clear()
+        with pytest.raises(CacheError, match="erasing content c failed: mdb_txn_begin"):
+            tier.erase_content("c")  # an erasure that cannot happen says so, as a cache error
+        with pytest.raises(CacheError, match="erasing entries under hetero:f:p: failed"):
+            tier.erase_prefix("hetero:f:p:")
+        assert len(errors) == 2  # and counts as the tier's errors
     finally:
         tier._env = healthy
         tier.close()

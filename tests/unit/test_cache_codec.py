@@ -1,0 +1,52 @@
+"""The cache codec's checksum: XXH3 over the body; the CRC32 layout before it still reads."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from hetero.cache.codec import decode, encode
+from hetero.framework.errors import CorruptEntryError
+
+
+def test_a_round_trip_keeps_dtype_shape_and_bytes() -> None:
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    back = decode(encode(value))
+    assert back.dtype == value.dtype and back.shape == (3, 4)
+    assert np.array_equal(back, value)
+    assert decode(encode({"text": "a", "n": [1, 2]})) == {"text": "a", "n": [1, 2]}
+
+
+@pytest.mark.parametrize("position", [-1, 20, 8])  # the last byte, a body byte, the checksum field
+def test_one_flipped_byte_is_a_corrupt_entry(position: int) -> None:
+    blob = bytearray(encode(np.ones(64, np.float32)))
+    blob[position] ^= 0x01
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode(bytes(blob), "disk")
+
+
+def test_verified_skips_the_checksum_only_when_asked() -> None:
+    blob = bytearray(encode([1, 2, 3]))
+    blob[10] ^= 0xFF  # inside the checksum field: the body itself is intact
+    assert decode(bytes(blob), verified=True) == [1, 2, 3]
+    with pytest.raises(CorruptEntryError):
+        decode(bytes(blob))
+
+
+def test_entries_written_with_crc32_before_still_decode_and_are_checked() -> None:
+    body = b"[1,2]"
+    old = struct.pack("<4scI", b"HFC1", b"J", zlib.crc32(body)) + body
+    assert decode(old) == [1, 2]
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode(old[:-1] + b"3")
+
+
+@pytest.mark.parametrize(
+    ("blob", "reason"), [(b"HFC2", "too short"), (b"XXXXJ" + bytes(20), "bad magic")]
+)
+def test_bytes_that_are_no_entry_say_why(blob: bytes, reason: str) -> None:
+    with pytest.raises(CorruptEntryError, match=reason):
+        decode(blob)
