@@ -79,15 +79,22 @@ def main() -> None:
         report["ready_after_s"] = round(time.perf_counter() - started, 1)
         with httpx.Client(base_url=url, timeout=120) as client:
             report["ready"] = client.get("/ready").status_code
-            embed = client.post("/v1/embeddings", json={"model": "m", "input": "offline"})
+            embed = client.post(
+                "/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "offline"}
+            )
             report["embeddings"] = embed.status_code
-            report["embedding_width"] = len(embed.json()["data"][0]["embedding"])
+            if embed.status_code == 200:
+                report["embedding_width"] = len(embed.json()["data"][0]["embedding"])
+            else:
+                report["embeddings_body"] = embed.text
             chat = client.post(
                 "/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "Hi"}],
-                      "max_tokens": 4},
+                json={"model": "smollm2-135m-instruct", "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "Hi"}]},
             )  # fmt: skip
             report["chat"] = chat.status_code
+            if chat.status_code != 200:
+                report["chat_body"] = chat.text
     finally:
         server.terminate()
         server.wait(timeout=60)
