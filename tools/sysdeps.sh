@@ -4,7 +4,8 @@
 #
 #   tools/sysdeps.sh run    what serving the default policy needs (espeak-ng for text-to-speech)
 #   tools/sysdeps.sh test   what the tests start: redis-server, a SoftHSM2 token, containerd,
-#                           Prometheus and promtool (the dashboard test),
+#                           Prometheus and promtool (the dashboard test), systemd-analyze
+#                           (the systemd unit's check),
 #                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap
 #
 # Both also need python3-venv while the venv ($VENV, default .venv) does not exist yet: Debian
@@ -19,7 +20,7 @@ set -eu
 run_needs="espeak-ng:espeak-ng"
 test_needs="redis-server:redis-server softhsm2-util:softhsm2 runc:runc containerd:containerd
 busybox:busybox-static newuidmap:uidmap runsc:runsc bwrap:bubblewrap espeak-ng:espeak-ng
-prometheus:prometheus"
+prometheus:prometheus systemd-analyze:systemd"
 
 case "${1:-}" in
 run) needs=$run_needs ;;

@@ -17,6 +17,7 @@ from rich.logging import RichHandler
 
 from hetero.framework import envs
 from hetero.framework.cli.audit import run_audit_verify
+from hetero.framework.cli.bundle import add_bundle_parser, run_bundle
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
 from hetero.framework.cli.sandbox import run_sandbox_check, run_sandbox_erase, run_sandbox_expire
 from hetero.framework.cli.serve import add_server_parsers, run_server_command
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_expire = sandbox_commands.add_parser("expire", help="apply retention periods")
     sandbox_expire.add_argument("--policy", required=True, help="policy file")
     add_server_parsers(commands)
+    add_bundle_parser(commands)
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -202,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
                 allow_missing_checkpoint=args.allow_missing_checkpoint,
                 allow_stale_checkpoint=args.allow_stale_checkpoint,
             )
+        if args.command == "bundle":
+            return run_bundle(out, err, args)
         if args.command == "keys":
             from hetero.framework.cli.keys import run_keys_hash
 

