@@ -118,6 +118,7 @@ class _Simulation:
         self.model_bytes = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
         self.memory_moved: set[int] = set()
         self.last_used: np.ndarray | None = None
+        self.last_kv: dict[int, float] = {}  # KV bytes allocated per device in that vector
         self.last_figures: tuple[float, float] | None = None
         self.order = {d.id: index for index, d in enumerate(devices)}
         self.device_ids = [d.id for d in devices]
@@ -189,24 +190,30 @@ class _Simulation:
             return
         dt = when - self.last_memory_time
         memory = self.scheduler.memory
+        changed = self.last_used is None
         for index in self.memory_moved:
-            self.model_bytes[index] = memory[index].model_bytes
+            model_bytes = float(memory[index].model_bytes)
+            if model_bytes != self.model_bytes[index]:
+                self.model_bytes[index] = model_bytes
+                changed = True
         self.memory_moved.clear()
-        used = self.model_bytes
+        kv: dict[int, float] = {}
         if self.kv.running:
-            used = used.copy()
             allocated_all = held_all = 0.0
             # Devices without a running batch add nothing: visit the others, in fleet order.
             running = sorted(self.order[d] for d, batches in self.kv.running.items() if batches)
             for index in running:
                 allocated, held = self.kv.usage(self.device_ids[index], when)
-                used[index] += allocated
+                kv[index] = allocated
                 allocated_all += allocated
                 held_all += held
             self.metrics.observe_kv(allocated_all, held_all, dt)
-        if self.last_used is None or not np.array_equal(used, self.last_used):
+        if changed or kv != self.last_kv:
+            used = self.model_bytes.copy()
+            for index, allocated in kv.items():
+                used[index] += allocated
             self.last_figures = self.metrics.memory_figures(used / self.capacity)
-            self.last_used = used.copy()
+            self.last_used, self.last_kv = used, kv
         self.metrics.observe_memory_figures(self.last_figures, dt)
         self.last_memory_time = when
 
@@ -329,10 +336,9 @@ class _Simulation:
 
     def _start_batches(self) -> None:
         now = self.clock.now()
-        for device_id in sorted(self.waiting, key=self.order.__getitem__):  # in fleet order
+        idle = [d for d in self.waiting if not self.devices[d].busy]
+        for device_id in sorted(idle, key=self.order.__getitem__):  # in fleet order
             device = self.devices[device_id]
-            if device.busy:
-                continue
             ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
             if not ready:
                 self._start_prefetch(device)

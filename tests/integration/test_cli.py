@@ -119,6 +119,9 @@ def test_missing_policy_and_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert f"{tmp_path / 'absent.yaml'}: policy file not found" in missing.stderr
     assert hetero("plan").returncode == 2
     assert hetero("frobnicate").returncode == 2
+    uneven = hetero("bench", "scheduler", "--devices", "12")
+    assert uneven.returncode == 2
+    assert "--devices: hosts of 8 devices, got 12" in uneven.stderr
 
 
 def test_bad_environment_variable_exits_2() -> None:
