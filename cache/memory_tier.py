@@ -12,7 +12,8 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
   (probation, and protected for entries hit while on probation, at most 80 % of the main space):
   a candidate enters only if a count-min sketch of recent frequencies says it is asked for
   more often than the probation entry it would evict (a tie keeps the incumbent, unless the
-  stream is led by recency); otherwise the candidate goes;
+  stream is led by recency: then a tie, or a candidate one count below, enters); otherwise the
+  candidate goes;
 - the sketch has 4-bit counters, a **doorkeeper** (a Bloom filter that absorbs the first
   request of each key, so one-offs never reach the counters) and **ages**: every ``10 x`` its
   width in requests all counters halve and the doorkeeper is cleared;
