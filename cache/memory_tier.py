@@ -12,7 +12,8 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
   (probation, and protected for entries hit while on probation, at most 80 % of the main space):
   a candidate enters only if a count-min sketch of recent frequencies says it is asked for
   more often than the probation entry it would evict (a tie keeps the incumbent, unless the
-  stream is led by recency); otherwise the candidate goes;
+  stream is led by recency: then a tie, or a candidate one count below, enters); otherwise the
+  candidate goes;
 - the sketch has 4-bit counters, a **doorkeeper** (a Bloom filter that absorbs the first
   request of each key, so one-offs never reach the counters) and **ages**: every ``10 x`` its
   width in requests all counters halve and the doorkeeper is cleared;
@@ -55,6 +56,7 @@ READ_BUFFER = 64
 # wait in the window for a batch make a larger window, which cost up to 1.4 points of hit rate on
 # the replay (docs/cache.md); a batch only moved the cost from the median write to the mean.
 SKETCH_PER_ENTRY = 16  # counters per row for each entry held: slow ageing, few collisions
+RECENCY_SLACK = 1  # on a recency stream a candidate this much less frequent still enters
 WARM = 6  # a warm candidate that loses still enters 1 time in 128 (Caffeine's jitter)
 
 # An entry is a list (cheaper to build and read than an object); these are its fields.
@@ -316,10 +318,10 @@ class MemoryTier:
                 # by keeping its frequency just above everything else.
                 a, b, c, d = held[SLOTS]
                 incumbent = min(table[a], table[b], table[c], table[d]) + (held[HASH] in door)
-                if wanted > incumbent or (
-                    self._steering.recency
-                    if wanted == incumbent
-                    else wanted >= WARM and self._random.random() < 1 / 128
+                if (
+                    wanted > incumbent
+                    or (self._steering.recency and wanted + RECENCY_SLACK >= incumbent)
+                    or (wanted < incumbent and wanted >= WARM and self._random.random() < 1 / 128)
                 ):
                     del source[victim]
                     del data[victim]

@@ -73,6 +73,33 @@ def test_values_round_trip_through_every_tier(cache: FeatureCache) -> None:
     assert sample("hetero_cache_hits_total", {"tier": lower}) == len(values)
 
 
+def test_read_path_counts_are_read_when_the_registry_is_collected(tmp_path: Path) -> None:
+    small = FeatureCache(
+        config(None, memory={"max_bytes": 4096}, disk={"enabled": False}),
+        directory=tmp_path / "d",
+    )
+    try:
+        assert small.bloom_warm.wait(30)
+        sample = small.metrics.registry.get_sample_value
+        for index in range(40):  # over 200 bytes each: the 4 KB tier must evict
+            small.put(key(f"small-{index}".encode()), ["x" * 200, index])
+        assert small.memory is not None and small.memory.evictions > 0
+        assert sample("hetero_cache_evictions_total", {"tier": "memory"}) == small.memory.evictions
+        assert small.get(key(b"never stored")) is None  # the Bloom filter answers
+        assert sample("hetero_cache_bloom_negatives_total") == 1
+        assert sample("hetero_cache_misses_total") == 0
+        small.put(key(b"gone"), [1])
+        small.memory.clear()  # in the Bloom filter, in no tier: a miss in every tier
+        assert small.get(key(b"gone")) is None
+        assert sample("hetero_cache_misses_total") == 1
+        assert sample("hetero_cache_hits_total", {"tier": "memory"}) == 0
+        small.put(key(b"here"), [2])
+        assert small.get(key(b"here")) == [2]
+        assert sample("hetero_cache_hits_total", {"tier": "memory"}) == 1
+    finally:
+        small.close()
+
+
 def test_a_hit_below_promotes_to_the_faster_tiers(
     cache: FeatureCache, redis_server: RedisServer
 ) -> None:
