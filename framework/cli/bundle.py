@@ -188,11 +188,16 @@ def _debs(packages: Sequence[str], debs: Path) -> list[str]:
     # apt's own resolver, installing onto an empty system: one choice per alternative
     # (libsystemd0, not also libelogind0, which conflicts with it), Essential ones included,
     # in the order apt would unpack them.
-    simulated = _run(
-        ["apt-get", "--simulate", "-o", "Dir::State::status=/dev/null", "install",
-         "--no-install-recommends", *packages],
-        "apt-get --simulate install",
-    )  # fmt: skip
+    simulate = ["apt-get", "--simulate", "-o", "Dir::State::status=/dev/null", "install",
+                "--no-install-recommends", *packages]  # fmt: skip
+    try:
+        simulated = _run(simulate, "apt-get --simulate install")
+    except BundleError:
+        if os.geteuid() != 0:
+            raise
+        # a fresh machine (or container) may have no package lists yet
+        _run(["apt-get", "update", "-qq"], "apt-get update")
+        simulated = _run(simulate, "apt-get --simulate install (after apt-get update)")
     closure = [line.split()[1] for line in simulated.splitlines() if line.startswith("Inst ")]
     debs.mkdir()
     _run(["apt-get", "download", "-q", *closure], "apt-get download", cwd=debs)
