@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -69,10 +70,12 @@ def test_a_folder_in_use_is_a_user_error(
 
 
 def _small_bundle(folder: Path) -> Path:
+    """A bundle of four files (bundle.info kept if the test wrote one), with its manifest."""
     (folder / "wheels").mkdir(parents=True)
     (folder / "wheels/a-1.0-py3-none-any.whl").write_bytes(b"wheel a")
     (folder / "requirements.lock").write_text("a==1.0\n")
-    (folder / "bundle.info").write_text("python=3.11\n")
+    if not (folder / "bundle.info").exists():
+        (folder / "bundle.info").write_text("python=3.11\n")
     (folder / "install.sh").write_bytes(INSTALL_SH.read_bytes())
     lines = [
         f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(folder)}"
@@ -133,4 +136,25 @@ def test_install_sh_refuses_a_wrong_interpreter_and_a_used_venv(tmp_path: Path) 
     )
     assert done.returncode == 2
     assert "this bundle's wheels are for Python 2.7" in done.stderr
+    assert not venv.exists()
+
+
+def test_install_sh_refuses_when_a_needed_program_is_missing(tmp_path: Path) -> None:
+    """Built with --no-debs (an empty debs.lock): the programs must already be on PATH."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "debs.lock").write_text("")
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    info = f"python={python}\nprograms=hetero-no-such-program\ndebian_packages=espeak-ng\n"
+    (bundle / "bundle.info").write_text(info)
+    _small_bundle(bundle)
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["sh", str(bundle / "install.sh"), "--venv", str(venv), "--python", sys.executable],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "hetero-no-such-program is not on PATH (Debian package: espeak-ng)" in done.stderr
     assert not venv.exists()
