@@ -93,7 +93,7 @@ fi
 if [ -s debs.lock ]; then
     if command -v dpkg-query >/dev/null 2>&1; then
         missing=""
-        while read -r package version file; do
+        while read -r package _version file; do
             status=$(dpkg-query -W -f '${Status}' "$package" 2>/dev/null || true)
             [ "$status" = "install ok installed" ] || missing="$missing debs/$file"
         done <debs.lock
@@ -107,11 +107,12 @@ if [ -s debs.lock ]; then
             refuse "Debian packages missing; as root run: dpkg -i$missing (in $bundle)"
         fi
     fi
-    for program in $(info programs); do
-        command -v "$program" >/dev/null 2>&1 ||
-            refuse "$program is not on PATH (Debian package: $(info debian_packages))"
-    done
 fi
+# With the .debs left out (hetero bundle --no-debs) or no dpkg, the programs must be there.
+for program in $(info programs); do
+    command -v "$program" >/dev/null 2>&1 ||
+        refuse "$program is not on PATH (Debian package: $(info debian_packages))"
+done
 
 # 4. The venv, from the wheelhouse only.
 for variable in $(env | sed -n 's/^\(PIP_[A-Za-z0-9_]*\)=.*/\1/p'); do
