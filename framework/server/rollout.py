@@ -67,8 +67,8 @@ class Rollout:
 
     ``state``: ``canary`` (a share of requests goes to the new version), ``draining`` (the
     new version serves; the old finishes its requests), ``done`` (the old is unloaded),
-    ``rolling_back`` / ``rolled_back`` (the new version failed its canary and is being /
-    was unloaded; the old serves).
+    ``rolling_back`` / ``rolled_back`` (the new version failed its probe or canary and is
+    being / was unloaded; the old serves), ``failed`` (unloading raised: see the log).
     """
 
     stage: str
@@ -301,11 +301,21 @@ class ModelVersions:
             else:
                 self._switch(rollout)
         threading.Thread(
-            target=self._finish,
+            target=self._finish_logged,
             args=(rollout,),
             name=f"hetero-rollout-{rollout.stage}",
             daemon=True,
         ).start()
+
+    def _finish_logged(self, rollout: Rollout) -> None:
+        try:
+            self._finish(rollout)
+        except Exception as err:  # a bug here must still end the swap, visibly
+            logger.exception("stage %s: swap did not finish", rollout.stage)
+            with self._cond:
+                rollout.state = "failed"
+                rollout.reason = f"the swap did not finish: {type(err).__name__}: {err}"
+                self._cond.notify_all()
 
     def _finish(self, rollout: Rollout) -> None:
         """Wait for the canary's end (if any), drain the version that stopped serving and
