@@ -222,8 +222,13 @@ def _reloaded_by_sighup(reloader: Any, err: Any) -> Iterator[None]:
             err.print(f"policy reload refused: {error}", highlight=False, markup=False)
             return
         changed = ", ".join(report.changed) or "nothing"
+        swaps = "".join(
+            f"; {r.stage}: {r.old.config.model_version} -> {r.new.config.model_version}"
+            f" ({r.config.strategy})"
+            for r in report.rollouts
+        )
         err.print(
-            f"policy reloaded: {report.policy!r} from {report.source} (changed: {changed})",
+            f"policy reloaded: {report.policy!r} from {report.source} (changed: {changed}){swaps}",
             highlight=False,
             markup=False,
         )

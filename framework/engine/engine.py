@@ -43,6 +43,7 @@ from hetero.framework.errors import (
 from hetero.framework.fleet import Fleet, backend_for, resolve_fleet
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
+from hetero.framework.policy.schema import StageConfig
 from hetero.framework.registry import Registry
 from hetero.framework.scheduler import (
     BreakerState,
@@ -195,6 +196,7 @@ class Engine:
         self._running_items: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
         self._running_units: dict[str, float] = dict.fromkeys(policy.spec.stages, 0.0)
         self._shares = Shares()
+        self._added: dict[str, StageConfig] = {}  # stages taken in while running (add_stage)
         self.models = {d.id: DeviceModels(self.backends[d.backend], d) for d in self.fleet.devices}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -450,9 +452,83 @@ class Engine:
 
     def use_policy(self, policy: Policy) -> None:
         """Judge requests submitted from now on by ``policy`` (deadlines, retry and degrade
-        settings); its stages and pipelines must be those the engine was built with."""
-        self.policy = policy
-        self.admission.policy = policy
+        settings); its stages and pipelines must be those the engine was built with (the
+        stages :meth:`add_stage` took in are kept)."""
+        self.policy = policy.with_stages(self._added)
+        self.admission.policy = self.policy
+
+    # --- model versions side by side -----------------------------------------------------------
+
+    def add_stage(
+        self, name: str, config: StageConfig, plugin: StagePlugin, *, like: str | None = None
+    ) -> None:
+        """Take in a stage beside the running ones (a new model version, loaded while the old
+        one serves): queued, placed, loaded, batched and metered like the stages the engine
+        started with, with the threads, runtime pin and CPU priority of stage ``like``.
+        :meth:`warm_up` it next; :meth:`remove_stage` unloads it."""
+        with self._lock:
+            if name in self.status or name in self.scheduler.queues:
+                raise ValueError(f"stage {name!r} is already known to the engine")
+            if like is not None:
+                _copy_setting(self._threads, like, name)
+                _copy_setting(self._pinned, like, name)
+                _copy_setting(self._nice, like, name)
+            self._added[name] = config
+            self.policy = self.policy.with_stages({name: config})
+            self.admission.policy = self.policy
+            self.scheduler.add_stage(name, self.scheduler.policy.with_stages({name: config}))
+            self.plugins[name] = plugin
+            self.status[name] = StageStatus()
+            self._running[name] = self._running_items[name] = 0
+            self._running_units[name] = 0.0
+        self.metrics.queue_depth.labels(name).set_function(lambda: self.scheduler.queued(name))
+        for device in self.fleet.devices:
+            self.metrics.loads.labels(name, device.id)
+            self.metrics.evictions.labels(name, device.id)
+            self.metrics.breaker_state.labels(name, device.id).set(0)
+
+    def hold_config(self, name: str, config: StageConfig) -> None:
+        """Keep ``config`` for stage ``name`` whatever later policies say of it: a model
+        version being replaced runs by its own config until :meth:`remove_stage`."""
+        with self._lock:
+            self._added[name] = config
+            self.policy = self.policy.with_stages({name: config})
+            self.admission.policy = self.policy
+
+    def busy(self, name: str) -> bool:
+        """Whether ``name`` has tasks queued or running."""
+        with self._lock:
+            return bool(self.scheduler.queued(name) or self._running.get(name, 0))
+
+    def remove_stage(self, name: str) -> None:
+        """Unload a stage that has no work left (the old model version once drained, or a new
+        one rolled back): its models leave every device, its lanes stop, its plugin closes;
+        a request naming it from now on is an unknown stage.
+
+        Raises:
+            RuntimeError: it still has tasks queued or running.
+        """
+        with self._lock:
+            if self.scheduler.queued(name) or self._running.get(name, 0):
+                raise RuntimeError(f"stage {name!r} still has work queued or running")
+            plugin = self.plugins.pop(name)
+            self._single.pop(name, None)
+            self._added.pop(name, None)
+            keys = [f"{name}/{variant}" for variant in self.policy.spec.stages[name].variants]
+            for index, device in enumerate(self.fleet.devices):
+                for key in keys:
+                    if key in self.scheduler.memory[index].resident:
+                        self.scheduler.release(device.id, key)
+                        self.metrics.evictions.labels(name, device.id).inc()
+            self.status[name].state = "unloaded"
+        with self._lanes_lock:
+            lanes = [self._lanes.pop(key) for key in list(self._lanes) if key[0] == name]
+        for lane in lanes:
+            lane.stop()
+        for models in self.models.values():
+            for key in keys:
+                models.evict(key)
+        plugin.close()
 
     def submit(
         self,
@@ -1077,6 +1153,11 @@ def _step_trace(outcome: BatchOutcome) -> StepTrace:
         estimate_s=dispatch.estimate_s,
         loaded=dispatch.load.load,
     )
+
+
+def _copy_setting(settings: dict[str, Any], source: str, target: str) -> None:
+    if source in settings:
+        settings[target] = settings[source]
 
 
 def describe_failure(err: BaseException) -> str:

@@ -159,3 +159,9 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.model_rollouts = Counter(
+            "hetero_model_rollouts_total",
+            "Model version swaps, by stage and outcome (promoted, rolled_back).",
+            ["stage", "outcome"],
+            registry=r,
+        )

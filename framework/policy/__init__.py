@@ -16,11 +16,12 @@ from importlib.resources import files
 from pathlib import Path
 
 from pydantic import ValidationError
+from pyrsistent import pmap
 
 from hetero.framework.errors import PolicyNotFoundError, PolicySyntaxError, PolicyValidationError
 from hetero.framework.policy.messages import describe_errors
 from hetero.framework.policy.references import build_pipelines, check_references
-from hetero.framework.policy.schema import PolicySpec
+from hetero.framework.policy.schema import PolicySpec, StageConfig
 from hetero.framework.policy.yaml_source import load_located
 from hetero.framework.stages import Pipeline
 
@@ -53,6 +54,15 @@ class Policy:
     def pipeline_for_route(self, route: str) -> Pipeline:
         """The pipeline a route reaches; KeyError if no route matches."""
         return self.pipelines[self.spec.routes[route]]
+
+    def with_stages(self, stages: Mapping[str, StageConfig]) -> Policy:
+        """This policy with ``stages`` added or replaced (pipelines and routes unchanged): the
+        engine's view while a model version runs beside the one serving, or a stage's old
+        config put back after a rolled-back version swap."""
+        if not stages:
+            return self
+        merged = pmap({**self.spec.stages, **stages})
+        return Policy(self.spec.model_copy(update={"stages": merged}), self.pipelines, self.source)
 
 
 def load_policy_text(text: str, source: str) -> Policy:

@@ -42,6 +42,7 @@ __all__ = [
     "PipelineConfig",
     "PolicySpec",
     "QosConfig",
+    "RolloutConfig",
     "SandboxConfig",
     "SchedulerConfig",
     "ServerConfig",
@@ -197,6 +198,23 @@ class LocalityConfig(_Frozen):
     mode: Literal["require", "prefer"] = "require"
 
 
+class RolloutConfig(_Frozen):
+    """How a changed ``model_version`` takes over from the old one on a policy reload.
+
+    The new version is loaded beside the old and probed with its plugin's warm-up inputs;
+    then ``all_at_once`` sends every new request to it, while ``canary`` sends it
+    ``canary_share`` of them (counted: every 1/share-th request) until both ``canary_s``
+    have passed and ``canary_min_requests`` were answered by it. A canary whose failures
+    exceed ``max_error_rate`` of ``max(its requests, canary_min_requests)`` is rolled back.
+    """
+
+    strategy: Literal["all_at_once", "canary"] = "all_at_once"
+    canary_share: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+    canary_s: NonNegativeFloat = 30.0
+    canary_min_requests: PositiveInt = 20
+    max_error_rate: Fraction = 0.05
+
+
 class StageConfig(_Frozen):
     """A model step: modality, variants, where it may run, which partition it touches."""
 
@@ -207,6 +225,7 @@ class StageConfig(_Frozen):
     model_version: StrictStr = "1"
     min_residency_s: NonNegativeFloat | None = None
     locality: LocalityConfig | None = None
+    rollout: RolloutConfig = RolloutConfig()
 
 
 class StepConfig(_Frozen):

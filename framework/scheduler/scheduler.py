@@ -261,6 +261,37 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._base_masks.clear()
         self._unblock()
 
+    def add_stage(self, name: str, policy: Policy) -> None:
+        """Take in a stage that ``policy`` (the running one plus it) adds: a model version
+        loaded beside the one serving. It starts costed by its policy figures, with its own
+        queue, residency and breakers; nothing else changes."""
+        if name in self.queues:
+            raise ValueError(f"stage {name!r} is already scheduled")
+        self.policy = policy
+        spec = policy.spec
+        config = spec.stages[name]
+        count = len(self.devices)
+        for variant_name, variant in config.variants.items():
+            hint = hint_from_variant(variant) or BandwidthHint(
+                0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
+            )
+            costs = self._costs(name, variant_name, hint)
+            self.tables[costs.key] = StageTables.fresh(costs, count)
+        classes = {
+            n: QueueClass(weight=c.weight, bound=c.queue_bound) for n, c in spec.qos.classes.items()
+        }
+        queues = {**self.queues, name: StageQueue(name, classes, spec.qos.aging_per_second)}
+        self.queues = dict(sorted(queues.items()))  # dispatch breaks ties by this order
+        self._misplaced[name] = [locality_mismatch(config.locality, d) for d in self.devices]
+        self._local[name] = np.array([not reason for reason in self._misplaced[name]], bool)
+        self._required[name] = config.locality is not None and config.locality.mode == "require"
+        if config.locality is not None and config.locality.mode == "prefer":
+            self._preferred.add(name)
+        self._breaker_blocked[name] = np.zeros(count, bool)
+        self._not_closed[name] = set()
+        self._round_robin[name] = -1
+        self._base_masks.clear()
+
     def queued(self, stage: str) -> int:
         """Tasks of ``stage`` waiting in its queue."""
         return len(self.queues[stage])

@@ -4,11 +4,13 @@ once for new requests; a request that started before keeps the policy it started
 snapshot is pinned for the whole request by :class:`PinPolicy`).
 
 Only what is read per request changes without a restart (:data:`HOT_PATHS`: SLA deadlines,
-limits but those in :data:`COLD_PATHS`, API keys, retry and degrade settings, the name). A
-change anywhere else (stages, models, devices, partitions, cache, tracing, QoS classes...)
-needs its models or workers built again: the reload is refused, naming those keys, and the
-old policy keeps serving, as it does for a file that does not parse or validate (the error
-names its line).
+limits but those in :data:`COLD_PATHS`, API keys, retry and degrade settings, the name, a
+stage's ``rollout``). A stage's ``model_version`` changes by a version swap
+(:mod:`hetero.framework.server.rollout`): the new version is loaded and probed beside the old
+before anything is swapped, and if it fails the whole reload is refused. A change anywhere
+else (other stage keys, devices, partitions, cache, tracing, QoS classes...) needs its models
+or workers built again: the reload is refused, naming those keys, and the old policy keeps
+serving, as it does for a file that does not parse or validate (the error names its line).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from hetero.framework.errors import PolicyError
 from hetero.framework.policy import Policy, load_policy
 from hetero.framework.server.auth import KeyRing
+from hetero.framework.server.rollout import Rollout, RolloutFailedError
 
 __all__ = [
     "COLD_PATHS",
@@ -35,6 +38,7 @@ __all__ = [
     "PolicyReloader",
     "ReloadRefusedError",
     "ReloadReport",
+    "RolloutFailedError",
     "changed_paths",
     "pinned_policy",
 ]
@@ -88,6 +92,7 @@ class ReloadReport:
     policy: str
     source: str
     changed: tuple[str, ...]
+    rollouts: tuple[Rollout, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -96,6 +101,7 @@ class ReloadReport:
             "policy": self.policy,
             "source": self.source,
             "changed": list(self.changed),
+            "rollouts": {r.stage: r.to_dict() for r in self.rollouts},
         }
 
 
@@ -122,7 +128,18 @@ def _join(prefix: str, name: str) -> str:
 def _hot(path: str) -> bool:
     if any(path == cold or path.startswith(cold + ".") for cold in COLD_PATHS):
         return False
+    parts = path.split(".")
+    if len(parts) >= 3 and parts[0] == "stages" and parts[2] == "rollout":
+        return True  # read when a swap starts
     return any(path == hot or path.startswith(hot + ".") for hot in HOT_PATHS)
+
+
+def _swapped_stage(path: str) -> str | None:
+    """The stage whose model version ``path`` changes (``stages.<name>.model_version``)."""
+    parts = path.split(".")
+    if len(parts) == 3 and parts[0] == "stages" and parts[2] == "model_version":
+        return parts[1]
+    return None
 
 
 class PolicyReloader:
@@ -153,19 +170,36 @@ class PolicyReloader:
             try:
                 new = load_policy(source)
                 changed = list(changed_paths(old.spec, new.spec))
-                cold = [p for p in changed if not _hot(p)]
+                swaps = [s for p in changed if (s := _swapped_stage(p)) is not None]
+                cold = [p for p in changed if not _hot(p) and _swapped_stage(p) is None]
                 if cold:
                     raise ReloadRefusedError(source, cold)
                 spec = new.spec
                 keyring = KeyRing(spec.server, spec.qos, frozenset(spec.sla_tiers))
+                rollouts = self._prepare(swaps, new)
             except PolicyError:
                 self._reloads.labels("refused").inc()
                 raise
             self.runtime.use_policy(new)
             self.state.keyring = keyring
+            for rollout in rollouts:
+                self.runtime.versions.start(rollout)
             self._reloads.labels("applied").inc()
             logger.info("policy %r reloaded from %s: %s", spec.name, source, changed or "no change")
-            return ReloadReport(spec.name, source, tuple(changed))
+            return ReloadReport(spec.name, source, tuple(changed), tuple(rollouts))
+
+    def _prepare(self, stages: list[str], new: Policy) -> list[Rollout]:
+        """Load and probe the new version of every stage in ``stages``; all or none (a
+        failure unloads the ones already prepared and raises :class:`RolloutFailedError`)."""
+        prepared: list[Rollout] = []
+        try:
+            for name in stages:
+                prepared.append(self.runtime.versions.prepare(name, new.spec.stages[name]))
+        except RolloutFailedError:
+            for rollout in prepared:
+                self.runtime.versions.discard(rollout)
+            raise
+        return prepared
 
 
 class PinPolicy:

@@ -41,6 +41,7 @@ from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.ops_metrics import CacheTierCollector, SandboxHealthCollector
 from hetero.framework.server.reload import pinned_policy
+from hetero.framework.server.rollout import ModelVersions, Ticket
 from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
 
@@ -81,6 +82,13 @@ class ServedStage:
     kind: str
     config: StageConfig
     plugin: Any
+    engine_stage: str | None = None  # the engine's stage of this version (default: name)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine stage this version runs as: the policy stage's name for the version
+        the server started with, ``<name>@<model_version>`` for one swapped in since."""
+        return self.engine_stage or self.name
 
     @property
     def sensitive(self) -> bool:
@@ -113,6 +121,7 @@ class StageRun:
     variant: str
     cached: bool = False
     reason: str = ""
+    model_version: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -122,6 +131,8 @@ class StageRun:
             "variant": self.variant,
             "cached": self.cached,
         }
+        if self.model_version:
+            out["model_version"] = self.model_version
         if self.reason:
             out["degraded_because"] = self.reason
         return out
@@ -185,6 +196,7 @@ class Serving:
         self.started_at = time.time()
         self.metrics.registry.register(SandboxHealthCollector(lambda: self.engine))
         self.load_s = 0.0
+        self.versions = ModelVersions(self)
 
     # --- the policy ----------------------------------------------------------------------
 
@@ -244,6 +256,15 @@ class Serving:
         if self._stage_models is None:
             self._stage_models = stage_plugins(self._registry)
         return self._stage_models
+
+    def stage_classes(self) -> dict[str, Any]:
+        """{kind: plugin class} of the stage models this server builds stages from."""
+        return dict(self._classes())
+
+    @property
+    def model_cache_dir(self) -> Path | None:
+        """Where models keep derived artefacts."""
+        return self._model_cache_dir
 
     def _unserve(self, name: str, reason: str) -> None:
         self.unserved = {**self.unserved, name: reason}
@@ -366,7 +387,8 @@ class Serving:
         engine = self.engine
         if engine is None:
             return "-"
-        key = f"{name}/full"
+        served = self.stages.get(name)
+        key = f"{served.engine_name if served is not None else name}/full"
         where = [d for d, keys in engine.resident().items() if key in keys]
         return ",".join(where) or "-"
 
@@ -430,7 +452,7 @@ class Serving:
         them: what admission counted is what is queued)."""
         try:
             return engine.submit_stage(
-                stage.name,
+                stage.engine_name,
                 payload,
                 qos_class=caller.qos_class,
                 principal=caller.principal,
@@ -455,7 +477,8 @@ class Serving:
             if on_cancel is not None:
                 on_cancel()
             raise
-        return result.outputs[stage.name], result.devices[stage.name], result.steps
+        name = stage.engine_name
+        return result.outputs[name], result.devices[name], result.steps
 
     def _mask(self, stage: ServedStage, caller: Caller, value: Any) -> Any:
         if stage.sensitive and self.gate is not None:
@@ -484,12 +507,39 @@ class Serving:
         content: bytes | None = None,
     ) -> tuple[Any, StageRun]:
         """One item through one stage (admission, cache, engine, mask); ``request_id`` (the
-        HTTP request's) prefixes the engine's id, which access checks and the audit record."""
+        HTTP request's) prefixes the engine's id, which access checks and the audit record.
+        It runs on the stage's version chosen when it starts (a failed canary request runs
+        again on the version serving the stage)."""
+        ticket = self.versions.pick(stage)
+        try:
+            try:
+                return await self._run(ticket.stage, payload, caller, request_id, profile, content)
+            except Exception as err:
+                retry = ticket.failed(err)
+                if retry is None:
+                    raise
+                ticket = retry
+                return await self._run(ticket.stage, payload, caller, request_id, profile, content)
+        finally:
+            ticket.close()
+
+    async def _run(
+        self,
+        stage: ServedStage,
+        payload: Any,
+        caller: Caller,
+        request_id: str | None,
+        profile: RequestProfile | None,
+        content: bytes | None,
+    ) -> tuple[Any, StageRun]:
         engine = self._engine()
         self._admit(stage, caller)
         spans = StageSpans(stage.name)
         variant, reason = engine.admit(
-            stage.name, caller.qos_class, profile or RequestProfile(), principal=caller.principal
+            stage.engine_name,
+            caller.qos_class,
+            profile or RequestProfile(),
+            principal=caller.principal,
         )
         spans.admitted(variant, reason)
         key = None
@@ -501,7 +551,9 @@ class Serving:
             spans.cache_lookup(looked, tier)
             if hit is not None:
                 self.metrics.cache_hits.labels(stage.name).inc()
-                run = StageRun(stage.name, "cache", variant, cached=True, reason=reason)
+                run = StageRun(
+                    stage.name, "cache", variant, True, reason, stage.config.model_version
+                )
                 spans.done(run)
                 return self._mask(stage, caller, _from_cache(stage.kind, hit)), run
             self.metrics.cache_misses.labels(stage.name).inc()
@@ -511,7 +563,7 @@ class Serving:
         spans.ran(steps)
         if key is not None and self.cache is not None:
             self.cache.put(key, _to_cache(stage.kind, value))
-        run = StageRun(stage.name, device, variant, False, reason)
+        run = StageRun(stage.name, device, variant, False, reason, stage.config.model_version)
         spans.done(run)
         return self._mask(stage, caller, value), run
 
@@ -521,14 +573,34 @@ class Serving:
         """Embeddings of ``texts`` ``[N, 384]``; looked up in the cache together (one round trip
         per tier), the misses in model calls of at most the stage's ``max_batch`` texts, one
         after another: a large request holds the model one batch at a time (others' requests
-        run between its batches) and its memory stays that of one batch."""
-        stage = self.stage_of_kind("text_embed")
+        run between its batches) and its memory stays that of one batch. Every part runs on
+        the version of the stage chosen when the request starts."""
+        ticket = self.versions.pick(self.stage_of_kind("text_embed"))
+        try:
+            try:
+                return await self._embed(ticket.stage, texts, caller, request_id)
+            except Exception as err:
+                retry = ticket.failed(err)
+                if retry is None:
+                    raise
+                ticket = retry
+                return await self._embed(ticket.stage, texts, caller, request_id)
+        finally:
+            ticket.close()
+
+    async def _embed(
+        self, stage: ServedStage, texts: Sequence[str], caller: Caller, request_id: str | None
+    ) -> tuple[np.ndarray[Any, Any], StageRun]:
         engine = self._engine()
         self._admit(stage, caller)
-        profile = engine.plugins[stage.name].profile(list(texts))
+        profile = engine.plugins[stage.engine_name].profile(list(texts))
         spans = StageSpans(stage.name)
         variant, reason = engine.admit(
-            stage.name, caller.qos_class, profile, items=len(texts), principal=caller.principal
+            stage.engine_name,
+            caller.qos_class,
+            profile,
+            items=len(texts),
+            principal=caller.principal,
         )
         spans.admitted(variant, reason)
         vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
@@ -547,9 +619,9 @@ class Serving:
         if missing:
             if self._cacheable(stage):
                 self.metrics.cache_misses.labels(stage.name).inc(len(missing))
-            plugin = engine.plugins[stage.name]
+            plugin = engine.plugins[stage.engine_name]
             todo = [texts[i] for i in missing]
-            parts = plugin.split(todo, engine.max_batch(stage.name, variant))
+            parts = plugin.split(todo, engine.max_batch(stage.engine_name, variant))
             start = 0
             for part in parts:
                 chunk = missing[start : start + len(part)]
@@ -565,7 +637,7 @@ class Serving:
             if len(parts) > 1:  # a large request: give its memory back to the OS
                 await asyncio.to_thread(release_free_memory)
         stacked = np.stack([v for v in vectors if v is not None]).astype(np.float32)
-        run = StageRun(stage.name, device, variant, not missing, reason)
+        run = StageRun(stage.name, device, variant, not missing, reason, stage.config.model_version)
         spans.done(run, cache_hits=hits)
         return stacked, run
 
@@ -585,15 +657,45 @@ class Serving:
 
         The summary's ``device`` says where it ran (the returned run's device is where the stage
         is resident when it starts). Closing the iterator early (a client that went away) stops
-        generation on its device.
+        generation on its device. It runs on the stage's version chosen when it starts (a
+        failed canary generation is counted against the canary, not run again: it streamed).
         """
-        stage = self.stage_of_kind("llm_generate")
+        ticket = self.versions.pick(self.stage_of_kind("llm_generate"))
+        try:
+            return self._generate(
+                ticket,
+                messages,
+                caller,
+                max_tokens,
+                temperature,
+                seed,
+                request_id,
+                prompt_tokens,
+                stop,
+            )
+        except BaseException:
+            ticket.close()
+            raise
+
+    def _generate(
+        self,
+        ticket: Ticket,
+        messages: Sequence[Mapping[str, str]],
+        caller: Caller,
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        request_id: str | None,
+        prompt_tokens: int,
+        stop: tuple[str, ...],
+    ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
+        stage = ticket.stage
         engine = self._engine()
         self._admit(stage, caller)
         profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
         spans = StageSpans(stage.name)
         variant, reason = engine.admit(
-            stage.name, caller.qos_class, profile, principal=caller.principal
+            stage.engine_name, caller.qos_class, profile, principal=caller.principal
         )
         spans.admitted(variant, reason)
         loop = asyncio.get_running_loop()
@@ -615,19 +717,29 @@ class Serving:
 
         def finished(done: asyncio.Future[tuple[Any, str, tuple[StepTrace, ...]]]) -> None:
             pieces.put_nowait(None)
+            error = None if done.cancelled() else done.exception()
+            retry = ticket.failed(error) if error is not None else None
+            (retry or ticket).close()
             if summary.done():
                 return
             if done.cancelled():
                 summary.cancel()
-            elif done.exception() is not None:
-                summary.set_exception(done.exception())  # type: ignore[arg-type]
+            elif error is not None:
+                summary.set_exception(error)
             else:
                 value, device, steps = done.result()
                 spans.ran(steps)
                 summary.set_result({**value, "device": device})
 
         task.add_done_callback(finished)
-        run = StageRun(stage.name, self.placed_on(stage.name), variant, False, reason)
+        run = StageRun(
+            stage.name,
+            self.placed_on(stage.name),
+            variant,
+            False,
+            reason,
+            stage.config.model_version,
+        )
         return _stream(pieces, task, job, self.metrics, began, spans, run), summary, run
 
     # --- reporting -----------------------------------------------------------------------
@@ -639,19 +751,20 @@ class Serving:
         engine = self.engine
         out = []
         for stage in self.stages.values():
-            status = engine.status[stage.name] if engine is not None else StageStatus()
-            placements = _placements(self.metrics, stage.name)
+            status = engine.status[stage.engine_name] if engine is not None else StageStatus()
+            placements = _placements(self.metrics, stage.engine_name)
             out.append(
                 {
                     "stage": stage.name,
                     "kind": stage.kind,
                     "model": self.model_id(stage),
+                    "model_version": stage.config.model_version,
                     "resident_on": self.placed_on(stage.name),
                     "placements": placements,
                     "warmup_timings_s": dict(status.timings),
                     "pinned": self.server.runtimes.get(stage.name),
                     "partition": stage.config.partition,
-                    "queue_depth": engine.scheduler.queued(stage.name) if engine else 0,
+                    "queue_depth": engine.scheduler.queued(stage.engine_name) if engine else 0,
                     "light_runs": status.light_runs,
                     "batches": status.batches,
                     "item_p50_s": _quantile(status.recent_s, 0.5),

@@ -189,11 +189,13 @@ def test_a_change_that_needs_a_restart_is_refused(served: tuple[ServerThread, Pa
     server, path = served
     good = path.read_text()
     before = _policy_name(server.url)
-    path.write_text(good.replace("all-minilm-l6-v2@1", "all-minilm-l6-v2@2"))
+    assert "modality: audio\n" in good
+    path.write_text(good.replace("modality: audio\n", "modality: video\n"))
     try:
         answer = _reload(server.url)
         assert answer.status_code == 409, answer.text
-        assert "stages.text_embed.model_version" in answer.json()["error"]["message"]
+        assert answer.json()["error"]["code"] == "restart_required"
+        assert "stages.asr.modality" in answer.json()["error"]["message"]
         assert _policy_name(server.url) == before
     finally:
         path.write_text(good)

@@ -193,6 +193,27 @@ def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
             "stages.ocr.modality",
             "duplicate key",
         ),
+        (
+            "  ocr:\n    modality: image\n",
+            "  ocr:\n    modality: image\n    rollout: {strategy: canary, canary_share: 1.5}\n",
+            5,
+            "stages.ocr.rollout.canary_share",
+            "1.5",
+        ),
+        (
+            "  ocr:\n    modality: image\n",
+            "  ocr:\n    modality: image\n    rollout:\n      strategy: blue_green\n",
+            6,
+            "stages.ocr.rollout.strategy",
+            "expected 'all_at_once' or 'canary', got 'blue_green'",
+        ),
+        (
+            "  ocr:\n    modality: image\n",
+            "  ocr:\n    modality: image\n    rollout:\n      canary_seconds: 30\n",
+            6,
+            "stages.ocr.rollout.canary_seconds",
+            "unknown key 'canary_seconds'",
+        ),
     ],
 )
 def test_bad_values_name_line_and_key(
