@@ -60,6 +60,39 @@ def _add_tune(commands: Any) -> None:
     )
 
 
+def _add_bench(commands: Any) -> None:
+    bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
+    bench.add_argument("target", choices=["scheduler", "cache", "serve"], help="what to measure")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.add_argument(
+        "--devices", type=int, default=64, help="scheduler: fleet size, a multiple of 8"
+    )
+    bench.add_argument(
+        "--seconds", type=float, default=5.0, help="serve: measured seconds per point"
+    )
+    bench.add_argument(
+        "--concurrency", default="1,8,32", help="serve: closed-loop clients per point, e.g. 1,8,32"
+    )
+
+
+def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.target == "serve":
+        from hetero.framework.bench.serve_report import parse_concurrency, run_bench_serve
+
+        try:
+            levels = parse_concurrency(args.concurrency)
+        except ValueError as error:
+            parser.error(str(error))
+        return run_bench_serve(out, args.json, args.seconds, levels)
+    from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
+
+    if args.target == "cache":
+        return run_bench_cache(out, args.json)
+    if args.devices < 8 or args.devices % 8:
+        parser.error(f"--devices: hosts of 8 devices, got {args.devices}")
+    return run_bench_scheduler(out, args.json, args.devices)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -74,18 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument(
         "--policy", help="show the devices this policy uses (its simulated fleet), with topology"
     )
-    bench = commands.add_parser("bench", help="benchmarks (figures, not pass/fail)")
-    bench.add_argument("target", choices=["scheduler", "cache", "serve"], help="what to measure")
-    bench.add_argument("--json", action="store_true", help="machine-readable output")
-    bench.add_argument(
-        "--devices", type=int, default=64, help="scheduler: fleet size, a multiple of 8"
-    )
-    bench.add_argument(
-        "--seconds", type=float, default=5.0, help="serve: measured seconds per point"
-    )
-    bench.add_argument(
-        "--concurrency", default="1,8,32", help="serve: closed-loop clients per point, e.g. 1,8,32"
-    )
+    _add_bench(commands)
     simulate = commands.add_parser(
         "simulate", help="simulate placement policies side by side on a workload"
     )
@@ -176,22 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_policy_devices(out, registry, args.policy, args.json)
         if args.command == "devices":
             return run_devices(out, registry, args.json)
-        if args.command == "bench" and args.target == "serve":
-            from hetero.framework.bench.serve_report import parse_concurrency, run_bench_serve
-
-            try:
-                levels = parse_concurrency(args.concurrency)
-            except ValueError as error:
-                parser.error(str(error))
-            return run_bench_serve(out, args.json, args.seconds, levels)
         if args.command == "bench":
-            from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
-
-            if args.target == "cache":
-                return run_bench_cache(out, args.json)
-            if args.devices < 8 or args.devices % 8:
-                parser.error(f"--devices: hosts of 8 devices, got {args.devices}")
-            return run_bench_scheduler(out, args.json, args.devices)
+            return _run_bench(out, parser, args)
         if args.command == "audit":
             return run_audit_verify(
                 out,
