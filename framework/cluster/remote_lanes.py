@@ -55,6 +55,7 @@ class RayModelHost:
         self._actors: dict[str, Any] = {}
         self._resident: set[str] = set()
         self._lock = threading.Lock()
+        self._starting = threading.Lock()
 
     @property
     def lanes(self) -> dict[str, Any]:
@@ -67,6 +68,16 @@ class RayModelHost:
             actor = self._actors.get(stage)
         if actor is not None:
             return actor
+        with self._starting:  # one actor per stage, however many threads ask at once
+            with self._lock:
+                actor = self._actors.get(stage)
+            if actor is None:
+                actor = self._start(plugin, stage)
+                with self._lock:
+                    self._actors[stage] = actor
+            return actor
+
+    def _start(self, plugin: StagePlugin, stage: str) -> Any:
         if isinstance(plugin.probe_payload(), Generation):
             raise UnsupportedCapabilityError(
                 f"{self.device.id}: stage {stage!r} streams its generation back piece by piece"
@@ -85,15 +96,20 @@ class RayModelHost:
             options["resources"] = {device_resource(self._local_id): LANE_SHARE}
         actor = ray.remote(LaneActor).options(**options).remote(plugin, self._local_id)
         self._call(actor.ready.remote())  # a plugin that cannot start on the node fails here
-        with self._lock:
-            return self._actors.setdefault(stage, actor)
+        return actor
 
     def _call(self, ref: Any) -> Any:
         """``ray.get``; a dead node or actor fails this device (and its node's others)."""
         ray = self._backend.ray()
         try:
             return ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError) as err:
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:  # the stage could not start on the node: not the node
+                raise RuntimeError(f"{self.device.id}: the lane did not start: {err}") from err
+            reason = f"node {self._node_id[:12]} left the cluster ({type(err).__name__})"
+            self._backend.node_lost(self._node_id, reason)
+            raise DeviceUnhealthyError(self.device.id, reason) from err
+        except ray.exceptions.NodeDiedError as err:
             reason = f"node {self._node_id[:12]} left the cluster ({type(err).__name__})"
             self._backend.node_lost(self._node_id, reason)
             raise DeviceUnhealthyError(self.device.id, reason) from err

@@ -248,6 +248,10 @@ routes:
   /v1/embeddings: text_embed
 server:
   runtimes: {{vision_encode: openvino, text_embed: onnxruntime}}   # the head's, the worker's
+qos:
+  default_class: standard
+  classes: {{standard: {{weight: 1, sla_tier: t}}}}
+sla_tiers: {{t: {{deadline_ms: 60000}}}}
 cache: {{enabled: false}}
 """
 
@@ -296,12 +300,14 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
         (ran,) = json.loads(embedded.headers["X-Hetero-Stages"])
         assert ran["device"] == f"{ONNXRUNTIME}@{worker}"  # the worker's device
         image = base64.b64encode(photo_png(seed=1)).decode()
-        described = httpx.post(
-            f"{url}/v1/image/describe", json={"inputs": {"image": image}}, timeout=120
-        )
+        described = httpx.post(f"{url}/v1/image/describe", json={"image": image}, timeout=120)
         assert described.status_code == 200, described.text
         body = described.json()
-        assert len(body["labels"]) == 5 and 0.0 < body["labels"][0][1] <= 1.0
+        assert len(body["labels"]) == 5, body
+        from hetero.models.vision import VisionEncoder
+
+        (here,) = VisionEncoder(runtime="onnxruntime").encode([photo_png(seed=1)])
+        assert here.labels[0][0] in json.dumps(body["labels"][0])  # the top label, as run here
         (vision,) = body["hetero"]["stages"]
         assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
         metrics = httpx.get(f"{url}/metrics", timeout=60).text
@@ -318,7 +324,9 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
             ("text_embed", f"{ONNXRUNTIME}@{worker}"),
             ("vision_encode", f"{OPENVINO}@{head}"),
         } <= placed
-        serve.send_signal(signal.SIGTERM)
+        # SIGINT: Ray's core worker in the front door takes SIGTERM over with its failure
+        # handler, which aborts the process (docs/cluster.md, "Not done yet").
+        serve.send_signal(signal.SIGINT)
         rest = serve.stderr.read()
         assert serve.wait(timeout=120) == 0, rest
     finally:
