@@ -43,6 +43,10 @@ stages:
 pipelines:
   two: {{steps: [{{stage: encode}}, {{stage: head}}]}}
 routes: {{/two: two, /v1/embeddings: text_embed}}
+qos:
+  default_class: standard
+  classes: {{standard: {{weight: 1, sla_tier: t}}}}
+sla_tiers: {{t: {{deadline_ms: 60000}}}}
 cache: {{enabled: false}}
 """
 WIDE = 16_384
