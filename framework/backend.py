@@ -124,6 +124,12 @@ class Backend(abc.ABC):
     """False for a modelling backend (``sim``): runs return no outputs and a modelled latency."""
     graph_formats: ClassVar[frozenset[GraphFormat]] = frozenset({GraphFormat.ONNX})
     """Graph formats :meth:`compile` accepts; the scheduler places a stage only where it runs."""
+    supports_model_hosts: ClassVar[bool] = False
+    """True where a device's models live, and its stages' batches run, outside this process (a
+    Ray node): :meth:`model_host` gives the engine that device's host."""
+    supports_membership: ClassVar[bool] = False
+    """True where devices come and go while running (a cluster's nodes): the engine polls
+    :meth:`poll_membership`."""
 
     def __init__(self) -> None:
         self._devices: tuple[DeviceSpec, ...] | None = None
@@ -297,6 +303,17 @@ class Backend(abc.ABC):
             raise
         except Exception as err:
             raise ExecutionError(model.device_id, model.graph.name, _describe(err)) from err
+
+    def model_host(self, device: DeviceSpec) -> Any:
+        """Where ``device``'s models are held and its stages' batches run, when that is not
+        this process (an ``engine.lanes.ModelHost``); only where ``supports_model_hosts``."""
+        raise UnsupportedCapabilityError(f"{self.name}: models are held in this process")
+
+    def poll_membership(self) -> list[DeviceSpec]:
+        """Devices that joined since the last call; devices that left are marked unhealthy on
+        the way (the engine reads health after each call). Only where
+        ``supports_membership``; the default has nothing to report."""
+        return []
 
     # --- accounting --------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ library still catch what they expect. Errors carry their context as attributes.
     └── DeviceError
         ├── UnknownDeviceError(DeviceError, KeyError)               .device
         ├── DeviceUnhealthyError(DeviceError, RuntimeError)         .device .reason
+        ├── InputLostError(DeviceError, RuntimeError)               .devices
         └── OutOfDeviceMemoryError(DeviceError, MemoryError)        .device .requested .available
 """
 
@@ -55,6 +56,7 @@ __all__ = [
     "DeviceUnhealthyError",
     "ExecutionError",
     "HeteroError",
+    "InputLostError",
     "InvalidInputError",
     "MissingProgramError",
     "NoEligibleDeviceError",
@@ -337,6 +339,16 @@ class DeviceUnhealthyError(DeviceError, RuntimeError):
         self.device = device
         self.reason = reason
         super().__init__(f"{device}: unhealthy: {reason}")
+
+
+class InputLostError(DeviceError, RuntimeError):
+    """A stage's inputs were kept on devices that are gone (a cluster node that left): the
+    steps that made them must run again; the device that was to read them is not at fault."""
+
+    def __init__(self, devices: tuple[str, ...], reason: str) -> None:
+        self.devices = devices
+        self.reason = reason
+        super().__init__(f"inputs lost with {', '.join(devices) or 'their node'}: {reason}")
 
 
 class OutOfDeviceMemoryError(DeviceError, MemoryError):

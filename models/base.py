@@ -105,6 +105,18 @@ class ModelStage(StagePlugin):
         self._set_up = False
         self._own: LoadedGraphs | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What goes to another process (a Ray node's lane actor): its configuration and what
+        :meth:`setup` made, not its lock or the graphs it loaded for use by itself."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        state["_own"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     @property
     def formats(self) -> tuple[GraphFormat, ...]:
         """Graph formats this stage offers, preferred first (the engine picks per device)."""

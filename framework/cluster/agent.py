@@ -1,36 +1,30 @@
 """The node agent: what runs on every Ray node, inside one actor pinned to that node.
 
 It discovers the node's devices through the registered backends (the same discovery a single
-process does), holds the graphs the engine made resident there, and runs them. It knows nothing
-of Ray: the cluster module makes it an actor, so this file is importable (and testable) without
-the ``hetero[ray]`` extra.
+process does) and reports them; the models live in the lane actors
+(:mod:`~hetero.framework.cluster.lane_actor`). It knows nothing of Ray: the cluster module
+makes it an actor, so this file is importable (and testable) without the ``hetero[ray]`` extra.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
-from typing import Any
 
-from hetero.framework.backend import Backend, LoadedModel, RunResult
+from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import discover_devices
-from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
 
 __all__ = ["NodeAgent"]
 
-Arrays = dict[str, Any]
-
 
 class NodeAgent:
-    """Devices of one node, and the models resident on them, by handle."""
+    """Devices of one node, as its backends discover them."""
 
     def __init__(self, registry: Registry | None = None) -> None:
         self._registry = registry or default_registry()
         self._backends: dict[str, Backend] = {}
-        self._models: dict[str, tuple[Backend, LoadedModel]] = {}
-        self._handles = itertools.count(1)
         self._lock = threading.Lock()
 
     def devices(self) -> list[tuple[DeviceSpec, frozenset[GraphFormat]]]:
@@ -49,30 +43,3 @@ class NodeAgent:
             if name not in self._backends:
                 self._backends[name] = self._registry.backend(name)
             return self._backends[name]
-
-    def load(self, graph: ComputeGraph, device_id: str) -> tuple[str, int]:
-        """Compile and load ``graph`` on this node's ``device_id``: (handle, bytes held)."""
-        backend = self._backend(device_id.split(":", 1)[0])
-        model = backend.load(backend.compile(graph, device_id))
-        handle = f"m{next(self._handles)}"
-        with self._lock:
-            self._models[handle] = (backend, model)
-        return handle, model.memory_bytes
-
-    def run(self, handle: str, inputs: Arrays) -> RunResult:
-        """Run a resident model; its outputs go back through the object store."""
-        with self._lock:
-            backend, model = self._models[handle]
-        return backend.run(model, inputs)
-
-    def unload(self, handle: str) -> None:
-        """Release a resident model (unknown handles are ignored: unloading twice is fine)."""
-        with self._lock:
-            found = self._models.pop(handle, None)
-        if found is not None:
-            found[0].unload(found[1])
-
-    def resident(self) -> int:
-        """How many models are resident here."""
-        with self._lock:
-            return len(self._models)

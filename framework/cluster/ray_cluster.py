@@ -2,17 +2,22 @@
 
 :func:`connect` joins a Ray cluster (``ray.init(address)``), starts one :class:`NodeAgent`
 actor on every alive node, pinned there by node affinity (``soft=False``: it never runs
-elsewhere), and asks each for its devices. The devices come back renamed
-``<backend>:<id>@<node>`` with ``host`` set to the node, so the topology model puts the network
-between nodes, and their ``backend`` is ``ray``: :class:`RayBackend`, a :class:`Backend` whose
-load, run and unload are calls to the owning node's agent. The engine, its lanes, the memory
-manager and the scheduler stay as they are: a lane's load or evict is an actor call, a run's
-inputs and outputs travel through Ray's object store.
+elsewhere), and asks each for its devices. A node that advertises custom resources named
+``hetero/<device>`` (``ray start --resources``) lends hetero those devices only, and each lane
+reserves a share of its device's resource; a node without any lends every device it has,
+unreserved. The devices come back renamed ``<backend>:<id>@<node>`` with ``host`` set to the
+node, so the topology model puts the network between nodes, and their ``backend`` is ``ray``:
+:class:`RayBackend`, whose devices' models live in lane actors on their node
+(:mod:`~hetero.framework.cluster.remote_lanes`): the engine's scheduler, memory manager and
+front-door lanes stay as they are, a load or evict is an actor call, and a stage's outputs stay
+in its node's object store until the next stage (or the response) reads them.
 
-A node or agent that dies is a device failure: the call raises, every device of that node is
+A node or actor that dies is a device failure: the call raises, every device of that node is
 marked unhealthy (the engine takes them out of placement after the batch), and the engine
-retries the batch's tasks on other devices. :meth:`RayCluster.refresh` starts agents on nodes
-that joined since and returns their devices (:meth:`Engine.add_devices` takes them in).
+retries the batch's tasks on other devices; outputs that were kept on the node are made again.
+The engine polls :meth:`RayBackend.poll_membership` every ``cluster.heartbeat_s``: nodes Ray
+reports dead leave placement, and agents start on nodes that joined, whose devices the running
+engine takes in.
 
 Only this module imports ``ray`` (the ``hetero[ray]`` extra); the embedded engine never does.
 """
@@ -26,6 +31,7 @@ from typing import Any
 
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
+from hetero.framework.cluster.remote_lanes import RayModelHost, device_resource
 from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
     BackendUnavailableError,
@@ -64,9 +70,12 @@ class RayBackend(Backend):
     """The devices of every node, reached through that node's agent."""
 
     name = RAY_BACKEND
+    supports_model_hosts = True
+    supports_membership = True
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: RayCluster | None = None) -> None:
         super().__init__()
+        self._cluster = cluster
         self._known: dict[str, DeviceSpec] = {}
         self._formats: dict[str, frozenset[GraphFormat]] = {}
         self._agent_of: dict[str, Any] = {}  # device id -> the node's agent actor
@@ -105,39 +114,40 @@ class RayBackend(Backend):
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
         return graph  # compiled on the node, at load
 
-    def _call(self, device_id: str, method: str, *args: Any) -> Any:
-        """``ray.get`` of one agent call; a dead node or agent fails its devices."""
-        ray = _ray()
-        agent = self._agent_of[device_id]
-        try:
-            return ray.get(getattr(agent, method).remote(*args))
-        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError) as err:
-            node = self._node_of[device_id]
-            reason = f"node {node[:12]} left the cluster ({type(err).__name__})"
-            self.node_lost(node, reason)
-            raise DeviceUnhealthyError(device_id, reason) from err
+    @staticmethod
+    def ray() -> Any:
+        """The ``ray`` module (the extra)."""
+        return _ray()
+
+    def model_host(self, device: DeviceSpec) -> RayModelHost:
+        """The lane actors of ``device`` on its node."""
+        return RayModelHost(self, device)
+
+    def poll_membership(self) -> list[DeviceSpec]:
+        """The heartbeat: nodes Ray reports dead leave placement; agents start on nodes that
+        joined; their devices are returned."""
+        if self._cluster is None:
+            return []
+        self._cluster.watch(lambda node: self.node_lost(node, f"node {node[:12]} left (heartbeat)"))
+        return self._cluster.refresh()
 
     def _load(self, executable: Executable) -> tuple[Any, int]:
-        device_id = executable.device_id
-        remote_id = self._known[device_id].properties["node_device"]
-        handle, memory_bytes = self._call(device_id, "load", executable.native, remote_id)
-        return handle, int(memory_bytes)
+        raise UnsupportedCapabilityError(_NOT_HERE)
 
     def _unload(self, model: LoadedModel) -> None:
-        if self.health(model.device_id) is not None:
-            return  # its node is gone, and the model with it
-        agent = self._agent_of[model.device_id]
-        agent.unload.remote(model.native)  # fire and forget: nobody waits on an eviction
+        raise UnsupportedCapabilityError(_NOT_HERE)
 
     def _native(self, model: LoadedModel) -> Any:
-        raise UnsupportedCapabilityError(
-            f"{model.device_id}: a stage that drives its model's runtime object itself (a KV"
-            " cache loop) cannot run on a Ray node yet; only graph runs cross the cluster"
-        )
+        raise UnsupportedCapabilityError(_NOT_HERE)
 
     def _run(self, model: LoadedModel, inputs: Any) -> dict[str, Any]:
-        result = self._call(model.device_id, "run", model.native, dict(inputs))
-        return dict(result.outputs)
+        raise UnsupportedCapabilityError(_NOT_HERE)
+
+
+_NOT_HERE = (
+    "a Ray node's models are held by its lane actors (RayBackend.model_host), not loaded or"
+    " run in the front door"
+)
 
 
 class RayCluster:
@@ -155,7 +165,7 @@ class RayCluster:
                     f" or set cluster.address): {err}",
                 ) from err
         self.config = config
-        self.backend = RayBackend()
+        self.backend = RayBackend(self)
         self._agents: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.refresh()
@@ -167,9 +177,13 @@ class RayCluster:
         actor = ray.remote(NodeAgent)
         with self._lock:
             fresh = {}
+            lent: dict[str, set[str]] = {}
             for node in ray.nodes():
                 node_id = node["NodeID"]
                 if node["Alive"] and node_id not in self._agents:
+                    lent[node_id] = {
+                        name for name in node.get("Resources", {}) if name.startswith("hetero/")
+                    }
                     fresh[node_id] = actor.options(
                         num_cpus=0,
                         max_concurrency=AGENT_CONCURRENCY,
@@ -182,7 +196,12 @@ class RayCluster:
             self._agents.update(fresh)
         added: list[DeviceSpec] = []
         for node_id, devices in reports.items():
-            named = [(_on_node(spec, node_id), formats) for spec, formats in devices]
+            reserved = lent[node_id]
+            named = [
+                (_on_node(spec, node_id, bool(reserved)), formats)
+                for spec, formats in devices
+                if not reserved or device_resource(spec.id) in reserved
+            ]
             self.backend.add(node_id, fresh[node_id], named)
             added.extend(spec for spec, _ in named)
             logger.info("ray node %s: %d devices", node_id[:12], len(named))
@@ -205,7 +224,7 @@ class RayCluster:
                 on_lost(node["NodeID"])
 
 
-def _on_node(spec: DeviceSpec, node_id: str) -> DeviceSpec:
+def _on_node(spec: DeviceSpec, node_id: str, reserved: bool) -> DeviceSpec:
     """A node's device as the fleet sees it: unique id, the node as its host, backend ``ray``."""
     import dataclasses
 
@@ -221,6 +240,7 @@ def _on_node(spec: DeviceSpec, node_id: str) -> DeviceSpec:
             "node_id": node_id,
             "node_device": spec.id,
             "node_backend": spec.backend,
+            "reserved": reserved,  # its lanes hold a share of the node's hetero/<id> resource
         },
     )
 

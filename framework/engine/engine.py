@@ -15,7 +15,6 @@ import dataclasses
 import itertools
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, InvalidStateError
@@ -28,12 +27,18 @@ import numpy as np
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.graph_stage import GraphStage
-from hetero.framework.engine.lanes import BatchOutcome, DeviceModels, Lane, with_threads
+from hetero.framework.engine.lanes import (
+    BatchOutcome,
+    DeviceModels,
+    Lane,
+    ModelHost,
+)
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.pacing import Pace, Shares
 from hetero.framework.engine.requests import EngineResult, RequestState, StepTrace
 from hetero.framework.errors import (
     HeteroError,
+    InputLostError,
     NoEligibleDeviceError,
     QueueFullError,
     RequestTimeoutError,
@@ -45,6 +50,7 @@ from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import StageConfig
 from hetero.framework.registry import Registry
+from hetero.framework.remote import RemoteValue, materialize
 from hetero.framework.scheduler import (
     BreakerState,
     Dispatch,
@@ -190,6 +196,7 @@ class Engine:
         self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._wake_membership = threading.Event()
         self._stopping = False
         self._requests: dict[str, RequestState] = {}
         self._running: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
@@ -197,11 +204,14 @@ class Engine:
         self._running_units: dict[str, float] = dict.fromkeys(policy.spec.stages, 0.0)
         self._shares = Shares()
         self._added: dict[str, StageConfig] = {}  # stages taken in while running (add_stage)
-        self.models = {d.id: DeviceModels(self.backends[d.backend], d) for d in self.fleet.devices}
+        self.models: dict[str, ModelHost] = {d.id: self._host(d) for d in self.fleet.devices}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lanes_lock = threading.Lock()
         self._dispatcher = threading.Thread(
             target=self._dispatch_loop, name="hetero-dispatch", daemon=True
+        )
+        self._heartbeat = threading.Thread(
+            target=self._membership_loop, name="hetero-membership", daemon=True
         )
         self._started = False
         for stage in policy.spec.stages:
@@ -244,11 +254,14 @@ class Engine:
     def _can_run(self, stage: str, variant: str, device_id: str) -> bool:
         return self.format_for(stage, device_id) is not None
 
-    def _graphs(self, model_key: str, graph_format: GraphFormat) -> Mapping[str, ComputeGraph]:
-        stage, variant = model_key.split("/", 1)
-        plugin = self.plugins[stage]
-        threads = self._threads.get(stage, 0)
-        return with_threads(plugin.graphs(variant, graph_format), threads)
+    def _host(self, device: DeviceSpec) -> ModelHost:
+        """Where ``device``'s models are held: this process, or (a Ray node's device) the
+        lane actors its backend keeps on that node."""
+        backend = self.backends[device.backend]
+        if backend.supports_model_hosts:
+            host: ModelHost = backend.model_host(device)
+            return host
+        return DeviceModels(backend, device)
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -260,6 +273,8 @@ class Engine:
                 if isinstance(plugin, GraphStage):
                     self.status[stage].state = "ready"
             self._dispatcher.start()
+            if any(b.supports_membership for b in self.backends.values()):
+                self._heartbeat.start()
             self._started = True
         return self
 
@@ -387,17 +402,15 @@ class Engine:
         key = f"{stage}/full"
         graph_format = self.format_for(stage, device_id)
         assert graph_format is not None
-        runner, _ = self.models[device_id].get(
-            key, graph_format, lambda: self._graphs(key, graph_format)
-        )
+        host, threads = self.models[device_id], self._threads.get(stage, 0)
         samples = []
         for run in range(PROBE_RUNS + 1):
-            began = time.perf_counter()
-            (result,) = plugin.run(runner, "full", [probe])
+            ran = host.run_batch(plugin, key, graph_format, threads, [probe])
+            (result,) = ran.results
             if isinstance(result, BaseException):
                 raise result
             if run:
-                samples.append(time.perf_counter() - began)
+                samples.append(ran.run_s)  # timed where it ran, as the lanes time batches
         seconds = min(samples)
         units = self._units(self._profile(stage, probe))
         with self._lock:
@@ -417,7 +430,9 @@ class Engine:
             return
         graph_format = self.format_for(stage, device_id)
         assert graph_format is not None
-        self.models[device_id].get(key, graph_format, lambda: self._graphs(key, graph_format))
+        self.models[device_id].load(
+            self.plugins[stage], key, graph_format, self._threads.get(stage, 0)
+        )
         self.metrics.loads.labels(stage, device_id).inc()
 
     def close(self) -> None:
@@ -425,8 +440,11 @@ class Engine:
         with self._lock:
             self._stopping = True
         self._wake.set()
+        self._wake_membership.set()
         if self._started:
             self._dispatcher.join()
+            if self._heartbeat.is_alive():
+                self._heartbeat.join()
         with self._lanes_lock:
             lanes = list(self._lanes.values())
         for lane in lanes:
@@ -874,7 +892,7 @@ class Engine:
         if self.cache is None or not isinstance(self.plugins.get(stage), GraphStage):
             return None
         try:
-            inputs = self._step_inputs(state, step)
+            inputs = materialize(self._step_inputs(state, step))
             return self.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
         except Exception as err:  # the cache never fails a request: a miss
             logger.warning("cache lookup for %s failed: %s", stage, err)
@@ -884,7 +902,11 @@ class Engine:
         if self.cache is None or not isinstance(self.plugins[task.stage], GraphStage):
             return
         try:
-            self.cache.put_outputs(*self._cache_identity(task.stage, task.variant), inputs, outputs)
+            self.cache.put_outputs(
+                *self._cache_identity(task.stage, task.variant),
+                materialize(inputs),
+                materialize(outputs),
+            )
         except Exception as err:
             logger.warning("caching %s failed: %s", task.stage, err)
 
@@ -908,6 +930,28 @@ class Engine:
                 self._dispatch_ready()
             except Exception:  # a bug here must not stop dispatching for everyone
                 logger.exception("dispatch failed unexpectedly")
+
+    def _membership_loop(self) -> None:
+        """Ask backends whose devices come and go (a Ray cluster's nodes) every
+        ``cluster.heartbeat_s``: devices that joined are taken in, those that left leave
+        placement, without anyone calling :meth:`add_devices`."""
+        while not self._wake_membership.wait(timeout=self.policy.spec.cluster.heartbeat_s):
+            self._poll_membership()  # the event is set only when closing
+
+    def _poll_membership(self) -> None:
+        for backend in list(self.backends.values()):
+            if not backend.supports_membership:
+                continue
+            try:
+                joined = backend.poll_membership()
+            except Exception:  # a heartbeat that fails is tried again on the next beat
+                logger.exception("%s: polling membership failed", backend.name)
+                continue
+            if joined:
+                logger.info("%d devices joined: %s", len(joined), [d.id for d in joined])
+                self.add_devices(joined)
+        self._sync_health()
+        self._kick()
 
     def _dispatch_ready(self) -> None:
         outcomes: list[Dispatch | Rejection] = []
@@ -941,7 +985,7 @@ class Engine:
                     self.plugins[stage],
                     graph_format,
                     self.models[device_id],
-                    self._graphs,
+                    self._threads.get(stage, 0),
                     self._inputs,
                     self.scheduler.batching_for,
                     self._on_batch,
@@ -1020,6 +1064,7 @@ class Engine:
                 ok=not device_fault,
                 run_s=outcome.run_s if not device_fault else 0.0,
                 batch_size=outcome.batch_size,
+                judge=not isinstance(outcome.error, InputLostError),  # nothing ran to judge
             )
             breaker = self.scheduler.breaker(task.stage, device_id)
             self.metrics.breaker_state.labels(task.stage, device_id).set(
@@ -1039,6 +1084,8 @@ class Engine:
                 state.devices[task.step] = device_id
                 state.steps.append(_step_trace(outcome))
                 error = None if state.done() else self._continue(state)
+            elif isinstance(outcome.error, InputLostError):
+                error = self._redo_inputs(state, task, outcome.error)
             elif device_fault:
                 error = self._retry(state, task, device_id, outcome.error)
             else:
@@ -1064,7 +1111,7 @@ class Engine:
         )
         return EngineResult(
             request_id=state.request_id,
-            outputs={sink: state.outputs[sink].value for sink in state.pipeline.sinks},
+            outputs={sink: materialize(state.outputs[sink].value) for sink in state.pipeline.sinks},
             devices=dict(state.devices),
             degraded=state.variant == "light" and had_light,
             latency_s=self.clock.now() - state.arrival,
@@ -1101,6 +1148,37 @@ class Engine:
         state.live_tasks[task.id] = task
         return None
 
+    def _redo_inputs(
+        self, state: RequestState, task: StageTask, error: InputLostError
+    ) -> BaseException | None:
+        """Run again the steps whose outputs ``task`` could not read (lock held): they were
+        kept on a node that left. The task itself is queued again once they are done."""
+        gone = set(error.devices)
+        lost = [
+            dep
+            for dep in state.pipeline.steps[task.step].after
+            if state.outputs[dep].device_id in gone
+            or not self._healthy(state.outputs[dep].device_id)
+        ]
+        if not lost:
+            return error  # nothing to redo: the request cannot go on
+        logger.warning(
+            "%s: %s lost its inputs (%s): redoing %s",
+            task.request_id,
+            task.step,
+            error.reason,
+            lost,
+        )
+        self.metrics.retries.labels(task.stage).inc()
+        for dep in lost:
+            del state.outputs[dep]
+            state.devices.pop(dep, None)
+        return self._continue(state)
+
+    def _healthy(self, device_id: str) -> bool:
+        index = self.scheduler.fleet.index.get(device_id)
+        return index is None or bool(self.scheduler.healthy[index])
+
     def _fail(self, request_id: str, error: BaseException) -> None:
         with self._lock:
             state = self._requests.get(request_id)
@@ -1120,7 +1198,7 @@ class Engine:
             return
         for device in fresh:
             self._device_by_id[device.id] = device
-            self.models[device.id] = DeviceModels(self.backends[device.backend], device)
+            self.models[device.id] = self._host(device)
         with self._lock:
             self.fleet = dataclasses.replace(self.fleet, devices=self.fleet.devices + tuple(fresh))
             self.scheduler.add_devices(fresh, self.fleet.topology())
@@ -1180,7 +1258,7 @@ def _by_stage(graphs: Mapping[str, ComputeGraph]) -> dict[str, dict[str, Compute
 def _size(value: Any) -> int:
     if isinstance(value, Mapping):
         return sum(_size(v) for v in value.values())
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray | RemoteValue):
         return int(value.nbytes)
     if isinstance(value, bytes | str):
         return len(value)

@@ -23,16 +23,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import InputLostError
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.runner import LoadedGraphs
 from hetero.framework.scheduler import Batcher, Dispatch
 from hetero.framework.stage_plugin import StagePlugin
 
-__all__ = ["BatchOutcome", "DeviceModels", "Lane"]
+__all__ = ["BatchOutcome", "BatchRun", "DeviceModels", "Lane", "ModelHost"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +60,57 @@ class BatchOutcome:
     load_s: float = 0.0  # the model load this batch waited for (0: it was resident)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchRun:
+    """One plugin call on a device: a result per payload (a value or the exception that item
+    raised), the load it waited for and the run's own time, both measured where it ran."""
+
+    results: list[Any]
+    load_s: float
+    run_s: float
+
+
+class ModelHost(Protocol):
+    """Where one device's resident models are held and its stages' batches run: this process
+    (:class:`DeviceModels`) or a cluster node (a Ray lane actor per stage). Loads and
+    evictions are the memory manager's decisions, carried out here."""
+
+    device: DeviceSpec
+
+    def load(
+        self, plugin: StagePlugin, model_key: str, graph_format: GraphFormat, threads: int
+    ) -> bool:
+        """Make ``model_key`` resident (True: it was loaded now)."""
+        ...
+
+    def run_batch(
+        self,
+        plugin: StagePlugin,
+        model_key: str,
+        graph_format: GraphFormat,
+        threads: int,
+        payloads: list[Any],
+    ) -> BatchRun:
+        """Run a batch of ``model_key`` (loading it first if needed). Raises when the
+        device failed (the load or the whole run)."""
+        ...
+
+    def evict(self, model_key: str) -> None:
+        """Forget ``model_key``; its graphs are released once no variant uses them."""
+        ...
+
+    def resident(self, model_key: str) -> bool:
+        """Whether ``model_key`` is resident."""
+        ...
+
+    def close(self) -> None:
+        """Release everything."""
+        ...
+
+
 class DeviceModels:
-    """The stage graphs resident on one device, by model key (``stage/variant``).
+    """The stage graphs resident on one device of this process, by model key
+    (``stage/variant``): the local :class:`ModelHost`.
 
     Variants that load the same graphs share one resident copy; it is released when the last
     variant using it is evicted.
@@ -108,6 +158,41 @@ class DeviceModels:
     def _is_closed(self) -> bool:
         return self._closed
 
+    def load(
+        self, plugin: StagePlugin, model_key: str, graph_format: GraphFormat, threads: int
+    ) -> bool:
+        """Make ``model_key`` resident (True: it was loaded now)."""
+        return self._runner(plugin, model_key, graph_format, threads)[1]
+
+    def _runner(
+        self, plugin: StagePlugin, model_key: str, graph_format: GraphFormat, threads: int
+    ) -> tuple[LoadedGraphs, bool]:
+        variant = model_key.split("/", 1)[1]
+        return self.get(
+            model_key,
+            graph_format,
+            lambda: with_threads(plugin.graphs(variant, graph_format), threads),
+        )
+
+    def run_batch(
+        self,
+        plugin: StagePlugin,
+        model_key: str,
+        graph_format: GraphFormat,
+        threads: int,
+        payloads: list[Any],
+    ) -> BatchRun:
+        """Load ``model_key`` if needed and run ``plugin`` over ``payloads`` with it."""
+        loading = time.perf_counter()
+        runner, loaded = self._runner(plugin, model_key, graph_format, threads)
+        began = time.perf_counter()
+        results = plugin.run(runner, model_key.split("/", 1)[1], payloads)
+        if len(results) != len(payloads):
+            raise RuntimeError(
+                f"stage {plugin.name}: run() gave {len(results)} results for {len(payloads)} items"
+            )
+        return BatchRun(results, began - loading if loaded else 0.0, time.perf_counter() - began)
+
     def evict(self, model_key: str) -> None:
         """Forget ``model_key``; its graphs are unloaded once no variant uses them."""
         with self._lock:
@@ -151,8 +236,8 @@ class Lane:
         stage: str,
         plugin: StagePlugin,
         graph_format: GraphFormat,
-        models: DeviceModels,
-        graphs_for: Callable[[str, GraphFormat], Mapping[str, ComputeGraph]],
+        models: ModelHost,
+        threads: int,
         inputs_for: Callable[[Dispatch], tuple[bool, Any]],
         batching_for: Callable[[str], tuple[int, float]],
         report: Callable[[list[BatchOutcome]], None],
@@ -170,7 +255,7 @@ class Lane:
         self.graph_format = graph_format
         self.models = models
         self.device = models.device
-        self._graphs_for = graphs_for
+        self.threads = threads
         self._inputs_for = inputs_for
         self._batching_for = batching_for
         self._report = report
@@ -274,43 +359,36 @@ class Lane:
         if not live:
             return outcomes
         model_key = batch[0].model_key
-        variant = model_key.split("/", 1)[1]
-        loading = time.perf_counter()
-        try:
-            runner, _ = self.models.get(
-                model_key, self.graph_format, lambda: self._graphs_for(model_key, self.graph_format)
-            )
-        except Exception as err:  # a failed load fails the batch; the engine retries elsewhere
-            logger.warning("%s: loading %s failed: %s", self.device.id, model_key, err)
-            size = _items(d for d, _ in live)
-            return outcomes + [BatchOutcome(d, None, err, 0.0, size, started) for d, _ in live]
         size = _items(d for d, _ in live)
-        began = time.perf_counter()
-        load_s = began - loading if batch[0].load.load else 0.0
         payloads = [payload for _, payload in live]
         with self._running_lock:
             self.running.update((id(p), p) for p in payloads)
+        began = time.perf_counter()
         try:
-            results = self.plugin.run(runner, variant, payloads)
-            if len(results) != len(live):
-                raise RuntimeError(
-                    f"stage {self.stage}: run() gave {len(results)} results for {len(live)} items"
-                )
-        except Exception as err:
+            ran = self.models.run_batch(
+                self.plugin, model_key, self.graph_format, self.threads, payloads
+            )
+        except InputLostError as err:  # where the inputs lay is gone: not this device's fault
+            return outcomes + [
+                BatchOutcome(d, None, err, 0.0, size, started, False) for d, _ in live
+            ]
+        except Exception as err:  # a failed load or run fails the batch; retried elsewhere
+            logger.warning("%s: a batch of %s failed: %s", self.device.id, model_key, err)
             run_s = time.perf_counter() - began
             return outcomes + [BatchOutcome(d, None, err, run_s, size, started) for d, _ in live]
         finally:
             with self._running_lock:
                 for payload in payloads:
                     self.running.pop(id(payload), None)
-        run_s = time.perf_counter() - began
-        for (dispatch, _), result in zip(live, results, strict=True):
+        for (dispatch, _), result in zip(live, ran.results, strict=True):
             if isinstance(result, BaseException):  # the item was bad, not the device
                 outcome = BatchOutcome(
-                    dispatch, None, result, run_s, size, started, False, load_s=load_s
+                    dispatch, None, result, ran.run_s, size, started, False, load_s=ran.load_s
                 )
             else:
-                outcome = BatchOutcome(dispatch, result, None, run_s, size, started, load_s=load_s)
+                outcome = BatchOutcome(
+                    dispatch, result, None, ran.run_s, size, started, load_s=ran.load_s
+                )
             outcomes.append(outcome)
         return outcomes
 

@@ -585,6 +585,7 @@ class ClusterConfig(_Frozen):
     engine: Literal["embedded", "ray"] = "embedded"
     address: StrictStr = "auto"  # ray.init's: "auto" (a running cluster) or "ray://host:port"
     namespace: Name = "hetero"
+    heartbeat_s: PositiveFloat = 2.0  # how often the engine asks the cluster who joined or left
 
 
 class PolicySpec(_Frozen):
