@@ -2,9 +2,9 @@
 request with an image (request span, a span per stage, the stage spans: admission, cache
 lookup, queue wait, placement, device run, stream), under the client's ``traceparent``.
 
-The stages are the fake plugins (tests/server/fakes.py) run by the real engine on this host's
-devices: the span tree is the one real models give (the spans come from the engine and the
-serving layer, not from the plugins)."""
+The stages are the shipped models (EfficientNet-Lite0, PP-OCRv4, SmolLM2) of the default policy,
+trimmed to the three a chat with an image runs, on this host's devices through the real
+engine."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from conftest import ServerThread
-from fakes import FAKE_STAGES
 from otlp_receiver import OtlpReceiver, ReceivedSpan
 
 from hetero.framework.policy import builtin_policy_text, load_policy_text
@@ -40,20 +40,23 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def traced(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    yaml = builtin_policy_text("default").replace(
-        "  allow: [cpu, npu]\n", "  allow: [cpu, npu]\n  deny: [dummy]\n"
-    ) + textwrap.dedent(
-        f"""
-        tracing:
-          enabled: true
-          endpoint: {receiver.endpoint}
-          sampling: 1.0
-          service_name: hetero-test
-        """
-    )
+    policy = yaml.safe_load(builtin_policy_text("default"))
+    chat_stages = {"vision_encode", "ocr", "llm_generate"}  # what a chat with an image runs
+    policy["stages"] = {k: v for k, v in policy["stages"].items() if k in chat_stages}
+    policy["routes"] = {
+        route: target
+        for route, target in policy["routes"].items()
+        if target in chat_stages or target in policy["pipelines"]
+    }
+    policy["devices"]["deny"] = ["dummy"]
+    policy["tracing"] = {
+        "enabled": True,
+        "endpoint": receiver.endpoint,
+        "sampling": 1.0,
+        "service_name": "hetero-test",
+    }
     runtime = Serving(
-        load_policy_text(yaml, "traced"),
-        stage_models=FAKE_STAGES,
+        load_policy_text(yaml.safe_dump(policy, sort_keys=False), "traced"),
         cache_directory=tmp_path_factory.mktemp("traced-cache"),
     )
     runtime.start()
