@@ -1,5 +1,6 @@
-"""The node agent (what a Ray node runs) without Ray: discovery through the registered backends,
-load, run and unload of a real ONNX graph on the npu backend's CPU devices."""
+"""What a Ray node runs, without Ray: the node agent's discovery through the registered backends,
+and a lane actor's load, run and evict of a real ONNX graph (a bare-graph stage) on the npu
+backend's CPU devices, with the sizes and shapes it reports to the front door."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetero.backends.npu import NpuBackend
 from hetero.framework.cluster.agent import NodeAgent
+from hetero.framework.cluster.lane_actor import LaneActor
+from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.registry import Detection, Registry
 
@@ -37,10 +40,14 @@ def test_the_agent_reports_its_devices_and_runs_graphs_on_them() -> None:
     onnx_devices = [spec for spec, formats in devices if GraphFormat.ONNX in formats]
     assert onnx_devices  # OpenVINO and ONNX Runtime take ONNX (a torch device would not)
     spec = onnx_devices[0]
-    handle, memory_bytes = agent.load(graph(), spec.id)
-    assert memory_bytes >= 0 and agent.resident() == 1
+    lane = LaneActor(GraphStage("mm", {"full": graph()}), spec.id, registry)
+    assert lane.ready() and lane.load("mm/full", GraphFormat.ONNX, 0)
+    assert lane.models.resident("mm/full")
     x = np.ones((2, 3), np.float32)
-    np.testing.assert_allclose(agent.run(handle, {"x": x}).outputs["y"], x @ WEIGHT)
-    agent.unload(handle)
-    agent.unload(handle)  # twice is fine
-    assert agent.resident() == 0
+    (load_s, run_s, shapes), kept = lane.run("mm/full", GraphFormat.ONNX, 0, [{"x": x}])
+    assert load_s == 0.0 and run_s > 0  # it was resident already
+    assert shapes == [("map", {"y": (2 * 4 * 4, (2, 4))})]
+    np.testing.assert_allclose(kept[0]["y"], x @ WEIGHT)
+    lane.evict("mm/full")
+    lane.evict("mm/full")  # twice is fine
+    assert not lane.models.resident("mm/full")
