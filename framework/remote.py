@@ -39,5 +39,8 @@ def materialize(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {key: materialize(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(materialize(item) for item in value)
+        items = [materialize(item) for item in value]
+        if hasattr(value, "_fields"):  # a named tuple takes its fields as arguments
+            return type(value)(*items)
+        return type(value)(items)
     return value
