@@ -204,6 +204,7 @@ class Engine:
         self._running_units: dict[str, float] = dict.fromkeys(policy.spec.stages, 0.0)
         self._shares = Shares()
         self._added: dict[str, StageConfig] = {}  # stages taken in while running (add_stage)
+        self._remote_outputs = False  # set by _host for a device whose models live elsewhere
         self.models: dict[str, ModelHost] = {d.id: self._host(d) for d in self.fleet.devices}
         self._lanes: dict[tuple[str, str], Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -259,9 +260,15 @@ class Engine:
         lane actors its backend keeps on that node."""
         backend = self.backends[device.backend]
         if backend.supports_model_hosts:
+            self._remote_outputs = True  # outputs may stay on its node: fetch before use
             host: ModelHost = backend.model_host(device)
             return host
         return DeviceModels(backend, device)
+
+    def _fetched(self, value: Any) -> Any:
+        """``value`` with outputs kept on other nodes fetched; as it is when every device's
+        models live in this process (nothing to fetch, so the value is not walked)."""
+        return materialize(value) if self._remote_outputs else value
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -892,7 +899,7 @@ class Engine:
         if self.cache is None or not isinstance(self.plugins.get(stage), GraphStage):
             return None
         try:
-            inputs = materialize(self._step_inputs(state, step))
+            inputs = self._fetched(self._step_inputs(state, step))
             return self.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
         except Exception as err:  # the cache never fails a request: a miss
             logger.warning("cache lookup for %s failed: %s", stage, err)
@@ -904,8 +911,8 @@ class Engine:
         try:
             self.cache.put_outputs(
                 *self._cache_identity(task.stage, task.variant),
-                materialize(inputs),
-                materialize(outputs),
+                self._fetched(inputs),
+                self._fetched(outputs),
             )
         except Exception as err:
             logger.warning("caching %s failed: %s", task.stage, err)
@@ -1111,7 +1118,9 @@ class Engine:
         )
         return EngineResult(
             request_id=state.request_id,
-            outputs={sink: materialize(state.outputs[sink].value) for sink in state.pipeline.sinks},
+            outputs={
+                sink: self._fetched(state.outputs[sink].value) for sink in state.pipeline.sinks
+            },
             devices=dict(state.devices),
             degraded=state.variant == "light" and had_light,
             latency_s=self.clock.now() - state.arrival,
