@@ -51,6 +51,8 @@ CULL_EXPIRED = 8  # expired entries at the head of the order dropped per write, 
 MAP_HEADROOM = 64 * 2**20  # the map must hold the bound plus LMDB's pages and free lists
 RECORD = struct.Struct("<dQH")  # expires at (Unix s), store sequence, tag length
 HEADER = RECORD.size
+_unpack_record = RECORD.unpack_from  # bound once: the read path
+_time = time.time
 SEQ = struct.Struct(">Q")
 COUNT = struct.Struct("<q")
 BYTES, NEXT = b"bytes", b"next"
@@ -186,13 +188,15 @@ class DiskTier:
         try:
             # No context manager, and a buffer into the map: the value is copied out once
             # (the record's header and tag never are), and the read transaction ends at once.
+            # Module-level bound functions and memoryview.tobytes: 0.1-0.2 us off a 1 us read
+            # (thread CPU time, beside a raw LMDB read).
             txn = env.begin(db=self._data, buffers=True)
             record = txn.get(key.encode())
             if record is None:
                 txn.abort()
                 return None
-            expires_at, _, tag_length = RECORD.unpack_from(record)
-            value = bytes(record[HEADER + tag_length :]) if expires_at > time.time() else None
+            expires_at, _, tag_length = _unpack_record(record)
+            value = record[HEADER + tag_length :].tobytes() if expires_at > _time() else None
             txn.abort()
         except lmdb.Error as err:  # a broken disk is a miss
             self._failed(err)
