@@ -52,13 +52,16 @@ def run_bench_scheduler(console: Console, as_json: bool, devices: int = 64) -> i
     table = Table(
         title=f"Scheduling decision latency, {devices:,} devices x 8 stages", title_justify="left"
     )
-    for column in ("queued", "hetero p50", "hetero p99", "naive p50", "naive p99", "speed-up p99"):
+    columns = ("queued", "hetero p50", "hetero p99", "hetero CPU p50", "hetero CPU p99")
+    for column in (*columns, "naive p50", "naive p99", "speed-up p99"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             f"{row['queued']:,}",
             f"{row['hetero']['p50_us']:.1f} us",
             f"{row['hetero']['p99_us']:.1f} us",
+            f"{row['hetero']['cpu_p50_us']:.1f} us",
+            f"{row['hetero']['cpu_p99_us']:.1f} us",
             f"{row['naive']['p50_us']:.0f} us",
             f"{row['naive']['p99_us']:.0f} us",
             f"{row['speedup_p99']}x",

@@ -89,6 +89,8 @@ class BenchResult:
     decisions: int
     p50_us: float
     p99_us: float
+    cpu_p50_us: float = 0.0
+    cpu_p99_us: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -98,6 +100,8 @@ class BenchResult:
             "decisions": self.decisions,
             "p50_us": round(self.p50_us, 2),
             "p99_us": round(self.p99_us, 2),
+            "cpu_p50_us": round(self.cpu_p50_us, 2),
+            "cpu_p99_us": round(self.cpu_p99_us, 2),
         }
 
 
@@ -175,20 +179,26 @@ def _measure(
         clock.advance(1e-4)
         scheduler.enqueue(_task(rng, clock.now(), ids))
     samples = []
+    cpu = []
     for _ in range(decisions):
         clock.advance(1e-4)
+        cpu_started = time.thread_time_ns()
         started = time.perf_counter_ns()
         outcome = scheduler.dispatch()
         samples.append((time.perf_counter_ns() - started) / 1000.0)
+        cpu.append((time.thread_time_ns() - cpu_started) / 1000.0)
         step((scheduler, outcome))
         scheduler.enqueue(_task(rng, clock.now(), ids))
     samples.sort()
+    cpu.sort()
     return BenchResult(
         implementation=name,
         queued=queued,
         decisions=decisions,
         p50_us=statistics.median(samples),
         p99_us=samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+        cpu_p50_us=statistics.median(cpu),
+        cpu_p99_us=cpu[min(len(cpu) - 1, int(0.99 * len(cpu)))],
     )
 
 

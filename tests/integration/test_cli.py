@@ -173,6 +173,8 @@ def test_bench_scheduler_json_reports_every_queue_length_side_by_side() -> None:
     assert [row["queued"] for row in payload["results"]] == [100, 1000, 10000]
     for row in payload["results"]:
         assert row["hetero"]["p99_us"] > 0 and row["naive"]["p99_us"] > 0
+        # CPU time of a decision is reported beside its wall time, and is ordered p50 <= p99.
+        assert 0 < row["hetero"]["cpu_p50_us"] <= row["hetero"]["cpu_p99_us"]
         assert row["speedup_p99"] == pytest.approx(
             row["naive"]["p99_us"] / row["hetero"]["p99_us"], rel=0.05
         )
