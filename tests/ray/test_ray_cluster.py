@@ -421,3 +421,57 @@ def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
             raise AssertionError("the joined node never received work")
         assert f"{ONNXRUNTIME}@{fresh}" in {d.id for d in engine.fleet.devices}
     assert connect(policy.spec.cluster).devices  # the connection outlives the engine
+
+
+SIGTERM_PROBE = """\
+import json, os, signal, sys, threading
+import ray
+from hetero.framework.cluster.signals import os_handler
+
+mode, address = sys.argv[1], sys.argv[2]
+got = threading.Event()
+signal.signal(signal.SIGTERM, lambda signum, frame: got.set())
+before = os_handler(signal.SIGTERM)
+
+
+def join() -> None:  # on another thread, as hetero serve's model loader connects
+    if mode == "connect":
+        from hetero.framework.cluster.ray_cluster import connect
+        from hetero.framework.policy.schema import ClusterConfig
+
+        connect(ClusterConfig(engine="ray", address=address))
+    else:
+        ray.init(address=address, log_to_driver=False)
+
+
+thread = threading.Thread(target=join)
+thread.start()
+thread.join()
+assert ray.is_initialized(), "the probe did not connect"
+kept = os_handler(signal.SIGTERM) == before
+if kept:
+    os.kill(os.getpid(), signal.SIGTERM)
+    got.wait(60)
+print(json.dumps({"kept": kept, "handled": got.is_set()}), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("connect", True), ("bare ray.init", False)])
+def test_connecting_from_a_thread_leaves_sigterm_to_the_process(
+    cluster: Cluster, mode: str, kept: bool
+) -> None:
+    """hetero's connect keeps the process's SIGTERM handler; a bare ray.init (the control)
+    hands SIGTERM to Ray's failure handler, which aborts the process."""
+    probe = subprocess.run(
+        [sys.executable, "-c", SIGTERM_PROBE, mode, cluster.address],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    lines = [line for line in probe.stdout.splitlines() if line.startswith("{")]
+    assert lines, probe.stderr
+    assert json.loads(lines[-1]) == {"kept": kept, "handled": kept}, probe.stderr
+    if kept:
+        assert probe.returncode == 0, probe.stderr
