@@ -32,6 +32,7 @@ from typing import Any
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
 from hetero.framework.cluster.remote_lanes import RayModelHost, device_resource
+from hetero.framework.cluster.signals import keeping_sigterm
 from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
     BackendUnavailableError,
@@ -157,7 +158,10 @@ class RayCluster:
         ray = _ray()
         if not ray.is_initialized():
             try:
-                ray.init(address=config.address, namespace=config.namespace, log_to_driver=False)
+                with keeping_sigterm():  # Ray's failure handler would abort on SIGTERM
+                    ray.init(
+                        address=config.address, namespace=config.namespace, log_to_driver=False
+                    )
             except (ConnectionError, RuntimeError) as err:
                 raise BackendUnavailableError(
                     RAY_BACKEND,

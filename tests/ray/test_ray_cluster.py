@@ -260,7 +260,6 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
     cluster: Cluster, tmp_path: pathlib.Path
 ) -> None:
     import base64
-    import re
     import signal
 
     import httpx
@@ -269,6 +268,12 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
 
     policy = tmp_path / "served.yaml"
     policy.write_text(SERVED.format(address=cluster.address))
+    connect(policy_for(cluster).spec.cluster)  # this process on the cluster, to read its state
+    earlier = {a["ActorID"] for a in other_jobs_actors()}
+
+    def served_actors() -> list[dict[str, Any]]:
+        return [a for a in other_jobs_actors() if a["ActorID"] not in earlier]
+
     hetero = pathlib.Path(sys.executable).with_name("hetero")
     serve = subprocess.Popen(
         [str(hetero), "serve", "--port", "0", "--policy", str(policy)],
@@ -280,14 +285,7 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
     worker = short(str(next(iter(cluster.worker_nodes)).node_id))
     try:
         assert serve.stderr is not None
-        url, seen = "", []
-        for line in serve.stderr:  # until every model is loaded on the nodes
-            seen.append(line)
-            found = re.search(r"listening on (http://\S+)", line)
-            url = found.group(1) if found else url
-            if line.startswith("ready"):
-                break
-        assert url and seen[-1].startswith("ready") and "not served" not in seen[-1], seen
+        url = ready_url(serve.stderr)
         embedded = httpx.post(
             f"{url}/v1/embeddings",
             json={"model": "all-minilm-l6-v2", "input": ["a cat sat", "on the mat"]},
@@ -310,23 +308,15 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
         assert here.labels[0][0] in json.dumps(body["labels"][0])  # the top label, as run here
         (vision,) = body["hetero"]["stages"]
         assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
-        metrics = httpx.get(f"{url}/metrics", timeout=60).text
-        from prometheus_client.parser import text_string_to_metric_families
-
-        placed = {
-            (sample.labels["stage"], sample.labels["device"])
-            for family in text_string_to_metric_families(metrics)
-            if family.name == "hetero_placements"
-            for sample in family.samples
-            if sample.name == "hetero_placements_total" and sample.value >= 1
-        }
         assert {
             ("text_embed", f"{ONNXRUNTIME}@{worker}"),
             ("vision_encode", f"{OPENVINO}@{head}"),
-        } <= placed
-        # SIGINT: Ray's core worker in the front door takes SIGTERM over with its failure
-        # handler, which aborts the process (docs/cluster.md, "Not done yet").
-        serve.send_signal(signal.SIGINT)
+        } <= placements(url)
+        # Control: while it serves, its node agents and lane actors are alive on the cluster.
+        assert {"NodeAgent", "LaneActor"} <= {a["ActorClassName"] for a in served_actors()}
+        # SIGTERM drains and exits 0, as on the embedded engine (ray.init's failure handler
+        # would abort it with exit -6: framework/cluster/signals.py keeps the drain).
+        serve.send_signal(signal.SIGTERM)
         rest = serve.stderr.read()
         assert serve.wait(timeout=120) == 0, rest
     finally:
@@ -334,6 +324,59 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
             serve.kill()
             serve.wait()
     assert "Traceback" not in rest
+    assert until(lambda: not served_actors()), served_actors()  # nothing of it is left
+
+
+def ready_url(stderr: Any) -> str:
+    """``hetero serve``'s URL, once it says every model is loaded on the nodes."""
+    import re
+
+    url, seen = "", []
+    for line in stderr:
+        seen.append(line)
+        found = re.search(r"listening on (http://\S+)", line)
+        url = found.group(1) if found else url
+        if line.startswith("ready"):
+            break
+    assert url and seen[-1].startswith("ready") and "not served" not in seen[-1], seen
+    return url
+
+
+def placements(url: str) -> set[tuple[str, str]]:
+    """(stage, device) pairs ``hetero_placements_total`` counts at least once."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = httpx.get(f"{url}/metrics", timeout=60).text
+    return {
+        (sample.labels["stage"], sample.labels["device"])
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "hetero_placements"
+        for sample in family.samples
+        if sample.name == "hetero_placements_total" and sample.value >= 1
+    }
+
+
+def other_jobs_actors() -> list[dict[str, Any]]:
+    """Alive actors on the cluster that another driver (job) than this test process made."""
+    mine = ray.get_runtime_context().get_job_id()
+    return [
+        actor
+        for actor in ray._private.state.actors().values()
+        if actor["State"] == "ALIVE" and actor["JobID"] != mine
+    ]
+
+
+def until(condition: Any, timeout_s: float = 60.0) -> bool:
+    """Polls the cluster's state (the GCS ends a gone driver's actors asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
@@ -378,3 +421,57 @@ def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
             raise AssertionError("the joined node never received work")
         assert f"{ONNXRUNTIME}@{fresh}" in {d.id for d in engine.fleet.devices}
     assert connect(policy.spec.cluster).devices  # the connection outlives the engine
+
+
+SIGTERM_PROBE = """\
+import json, os, signal, sys, threading
+import ray
+from hetero.framework.cluster.signals import os_handler
+
+mode, address = sys.argv[1], sys.argv[2]
+got = threading.Event()
+signal.signal(signal.SIGTERM, lambda signum, frame: got.set())
+before = os_handler(signal.SIGTERM)
+
+
+def join() -> None:  # on another thread, as hetero serve's model loader connects
+    if mode == "connect":
+        from hetero.framework.cluster.ray_cluster import connect
+        from hetero.framework.policy.schema import ClusterConfig
+
+        connect(ClusterConfig(engine="ray", address=address))
+    else:
+        ray.init(address=address, log_to_driver=False)
+
+
+thread = threading.Thread(target=join)
+thread.start()
+thread.join()
+assert ray.is_initialized(), "the probe did not connect"
+kept = os_handler(signal.SIGTERM) == before
+if kept:
+    os.kill(os.getpid(), signal.SIGTERM)
+    got.wait(60)
+print(json.dumps({"kept": kept, "handled": got.is_set()}), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("connect", True), ("bare ray.init", False)])
+def test_connecting_from_a_thread_leaves_sigterm_to_the_process(
+    cluster: Cluster, mode: str, kept: bool
+) -> None:
+    """hetero's connect keeps the process's SIGTERM handler; a bare ray.init (the control)
+    hands SIGTERM to Ray's failure handler, which aborts the process."""
+    probe = subprocess.run(
+        [sys.executable, "-c", SIGTERM_PROBE, mode, cluster.address],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    lines = [line for line in probe.stdout.splitlines() if line.startswith("{")]
+    assert lines, probe.stderr
+    assert json.loads(lines[-1]) == {"kept": kept, "handled": kept}, probe.stderr
+    if kept:
+        assert probe.returncode == 0, probe.stderr
