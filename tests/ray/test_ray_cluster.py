@@ -221,9 +221,17 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
             np.testing.assert_allclose(y.fetch()["y"], expected(x), rtol=1e-3, atol=1e-3)
         lanes = [*worker_host.lanes.values(), *head_host.lanes.values()]
         assert len(lanes) == 3  # encode on the worker, head on both
-    for lane in lanes:  # closing the engine ended its lane actors
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(lane.ready.remote(), timeout=120)
+    for lane in lanes:  # closing the engine ended its lane actors (ray.kill is asynchronous)
+        assert until(lambda lane=lane: lane_is_dead(lane))
+
+
+def lane_is_dead(lane: Any) -> bool:
+    """Whether a call to ``lane`` fails because the actor is gone."""
+    try:
+        ray.get(lane.ready.remote(), timeout=120)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 SERVED = """\
