@@ -58,6 +58,21 @@ def _add_tune(commands: Any) -> None:
     tune.add_argument(
         "--finalists", type=int, default=3, help="trials judged on the whole workload (default 3)"
     )
+    tune.add_argument(
+        "--jobs",
+        type=_at_least_one,
+        default=1,
+        help="trials simulated at a time, each in its own process (default 1); the tuned policy "
+        "depends on the seed, the trials and this",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse turns the ValueError into exit 2)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_bench(commands: Any) -> None:
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.search_s,
                 args.finalists,
+                args.jobs,
             )
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]

@@ -56,6 +56,7 @@ def run_tune(
     timeout_s: float | None,
     search_s: float | None = None,
     finalists: int = 3,
+    jobs: int = 1,
 ) -> int:
     """Tune, write the policy, print the table; 0 when the tuned policy validates."""
     from hetero.framework.simulator.tune import tune
@@ -89,10 +90,12 @@ def run_tune(
             timeout_s=timeout_s,
             search_s=search_s,
             finalists=finalists,
+            jobs=jobs,
             progress=progress,
         )
     target = Path(out_path) if out_path else Path(policy_path).with_suffix(".tuned.yaml")
-    screen = "" if search_s is None else f" --search-s {search_s:g}"
+    screen = "" if search_s is None else f" --search-s {search_s:g} --finalists {finalists}"
+    screen += f" --jobs {jobs}" if jobs > 1 else ""
     header = (
         f"# hetero tune {policy_path} --workload {workload_path} --trials {trials} "
         f"--seed {seed}{screen}: p99 {_fmt(result.before['p99_ms'])} -> "

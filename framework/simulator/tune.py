@@ -13,13 +13,27 @@ warm-up (the same arrivals, cut short: a cheap screen), and the ``finalists`` be
 trials are then simulated on the whole workload and judged there, against the shipped policy
 on the whole workload; the tuned policy and the table come from the whole workload only, so a
 candidate that only looked good on the screen is never chosen.
+
+Besides the policy-wide knobs (:data:`KNOBS`) and the class weights, every batchable stage
+variant's own batching is searched (:func:`variant_knobs`): its ``max_delay_ms`` and its
+``max_batch`` (at most the declared figure for a variant a real graph serves, whose graph may
+not take more; up to twice it for a figures-only, simulated variant).
+
+With ``jobs`` > 1 trials are simulated in that many worker processes, ``jobs`` at a time: the
+sampler proposes a whole round before it hears any of its results (Optuna's ask-and-tell), so
+the tuned policy depends on the seed, the trial count and ``jobs``, and is the same for the
+same three.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +45,15 @@ from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.simulator.report import compare
 from hetero.framework.simulator.workload import Workload
 
-__all__ = ["CLASS_SLACK", "KNOBS", "Knob", "TuneResult", "screen_workload", "tune"]
+__all__ = [
+    "CLASS_SLACK",
+    "KNOBS",
+    "Knob",
+    "TuneResult",
+    "screen_workload",
+    "tune",
+    "variant_knobs",
+]
 
 CLASS_SLACK = 0.01
 """A class's p99 may move this much (relative) and still count as no worse."""
@@ -45,7 +67,11 @@ class Knob:
     low: float
     high: float
     log: bool = False
+    integer: bool = False
 
+
+MAX_DELAY_MS = 50.0
+"""The upper end searched for a ``max_delay_ms``, policy-wide or a variant's."""
 
 KNOBS: tuple[Knob, ...] = (
     Knob(("qos", "aging_per_second"), 0.1, 100.0, log=True),
@@ -55,10 +81,26 @@ KNOBS: tuple[Knob, ...] = (
     Knob(("scheduler", "weights", "transfer"), 0.25, 4.0, log=True),
     Knob(("scheduler", "min_residency_s"), 0.0, 120.0),
     Knob(("scheduler", "max_load_wait_s"), 0.5, 30.0, log=True),
-    Knob(("scheduler", "batching", "max_delay_ms"), 0.0, 50.0),
+    Knob(("scheduler", "batching", "max_delay_ms"), 0.0, MAX_DELAY_MS),
     Knob(("circuit_breaker", "complexity", "degrade_at"), 0.1, 1.0),
 )
-"""The knobs searched besides the class weights (``qos.classes.<name>.weight``, 0.5-16)."""
+"""The policy-wide knobs searched besides the class weights (``qos.classes.<name>.weight``,
+0.5-16) and each batchable variant's own batching (:func:`variant_knobs`)."""
+
+
+def variant_knobs(policy: Policy) -> tuple[Knob, ...]:
+    """Each batchable variant's ``max_delay_ms`` and ``max_batch``; ``max_batch`` ranges up to
+    the declared figure where a real graph serves the variant, up to twice it otherwise."""
+    knobs: list[Knob] = []
+    for stage_name, stage in sorted(policy.spec.stages.items()):
+        for variant_name, variant in sorted(stage.variants.items()):
+            if not variant.batchable or variant.max_batch <= 1:
+                continue
+            base = ("stages", stage_name, "variants", variant_name)
+            top = variant.max_batch if variant.graph is not None else 2 * variant.max_batch
+            knobs.append(Knob((*base, "max_delay_ms"), 0.0, MAX_DELAY_MS))
+            knobs.append(Knob((*base, "max_batch"), 1, top, log=True, integer=True))
+    return tuple(knobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +159,47 @@ def screen_workload(workload: Workload, search_s: float) -> Workload:
     )
 
 
+_WORKER: dict[str, Fleet] = {}
+"""A worker process's fleet, set once by its initializer."""
+
+
+def _init_worker(fleet: Fleet) -> None:
+    _WORKER["fleet"] = fleet
+
+
+def _simulate_text(text: str, source: str, workload: Workload) -> dict[str, Any]:
+    """A worker's trial: the candidate policy's figures (the fleet came with the worker)."""
+    return _figures(load_policy_text(text, source), _WORKER["fleet"], workload)
+
+
+@contextmanager
+def _workers(fleet: Fleet, jobs: int) -> Iterator[Executor | None]:
+    """``jobs`` spawned worker processes holding the fleet, or None for in-process trials.
+    Spawned, not forked: the caller may have threads running (a progress bar's)."""
+    if jobs <= 1:
+        yield None
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_init_worker, initargs=(fleet,)
+    ) as pool:
+        yield pool
+
+
+def _simulate_all(
+    pool: Executor | None,
+    candidates: Sequence[dict[str, Any]],
+    source: str,
+    fleet: Fleet,
+    workload: Workload,
+) -> list[dict[str, Any]]:
+    texts = [yaml.safe_dump(candidate) for candidate in candidates]
+    if pool is None:
+        return [_figures(load_policy_text(text, source), fleet, workload) for text in texts]
+    futures = [pool.submit(_simulate_text, text, source, workload) for text in texts]
+    return [future.result() for future in futures]
+
+
 def tune(
     data: Mapping[str, Any],
     source: str,
@@ -128,64 +211,78 @@ def tune(
     timeout_s: float | None = None,
     search_s: float | None = None,
     finalists: int = 3,
+    jobs: int = 1,
     progress: Callable[[int, float], None] | None = None,
 ) -> TuneResult:
     """Search ``data`` (a policy's YAML mapping, from ``source``) for a lower p99 with no class
-    worse. ``progress(trial, best_p99_ms)`` is called after each trial (best on the screen
-    when ``search_s`` is given)."""
+    worse, simulating ``jobs`` trials at a time. ``progress(trial, best_p99_ms)`` is called
+    after each trial (best on the screen when ``search_s`` is given)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shipped = load_policy_text(yaml.safe_dump(dict(data)), source)
     screen = workload if search_s is None else screen_workload(workload, search_s)
-    before = _figures(shipped, fleet, screen)
     classes = sorted(shipped.spec.qos.classes)
+    knobs = KNOBS + variant_knobs(shipped)
 
     def candidate(trial: optuna.Trial) -> dict[str, Any]:
         proposed = copy.deepcopy(dict(data))
-        for knob in KNOBS:
+        for knob in knobs:
             name = ".".join(knob.path)
-            _set(proposed, knob.path, trial.suggest_float(name, knob.low, knob.high, log=knob.log))
+            value: float
+            if knob.integer:
+                value = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
+            else:
+                value = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
+            _set(proposed, knob.path, value)
         for qos in classes:
             weight = trial.suggest_float(f"qos.classes.{qos}.weight", 0.5, 16.0, log=True)
             _set(proposed, ("qos", "classes", qos, "weight"), weight)
         return proposed
 
     feasible: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
-    best_p99 = float(before["p99_ms"])
-
-    def objective(trial: optuna.Trial) -> float:
-        nonlocal best_p99
-        proposed = candidate(trial)
-        policy = load_policy_text(yaml.safe_dump(proposed), source)
-        after = _figures(policy, fleet, screen)
-        p99 = after["p99_ms"] if after["p99_ms"] is not None else math.inf
-        ok = _no_class_worse(before, after)
-        if ok:
-            feasible.append((p99, trial.number, proposed, after))
-            best_p99 = min(best_p99, p99)
-        if progress is not None:
-            progress(trial.number + 1, best_p99)
-        return p99 if ok else math.inf
-
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    study.optimize(objective, n_trials=trials, timeout=timeout_s)
-    ranked = sorted((p99, number, proposed, after) for p99, number, proposed, after in feasible)
-    best: dict[str, Any] = {"p99": before["p99_ms"], "data": dict(data), "after": before}
+    deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+    best: dict[str, Any]
     judged = 0
-    if screen is workload:
-        if ranked and ranked[0][0] < best["p99"]:
-            best.update(p99=ranked[0][0], data=ranked[0][2], after=ranked[0][3])
-    else:
-        before = _figures(shipped, fleet, workload)
-        best.update(p99=before["p99_ms"], after=before)
-        for _, _, proposed, _ in ranked[:finalists]:
-            judged += 1
-            policy = load_policy_text(yaml.safe_dump(proposed), source)
-            after = _figures(policy, fleet, workload)
-            if _no_class_worse(before, after) and after["p99_ms"] < best["p99"]:
-                best.update(p99=after["p99_ms"], data=proposed, after=after)
-    values = {".".join(knob.path): float(_get(best["data"], knob.path)) for knob in KNOBS}
+    with _workers(fleet, jobs) as pool:
+        before = _figures(shipped, fleet, screen)
+        best_p99 = float(before["p99_ms"])
+        while len(study.trials) < trials and time.monotonic() < deadline:
+            asked = [study.ask() for _ in range(min(max(jobs, 1), trials - len(study.trials)))]
+            proposals = [candidate(trial) for trial in asked]
+            for trial, proposed, after in zip(
+                asked,
+                proposals,
+                _simulate_all(pool, proposals, source, fleet, screen),
+                strict=True,
+            ):
+                p99 = after["p99_ms"] if after["p99_ms"] is not None else math.inf
+                ok = _no_class_worse(before, after)
+                if ok:
+                    feasible.append((p99, trial.number, proposed, after))
+                    best_p99 = min(best_p99, p99)
+                study.tell(trial, p99 if ok else math.inf)
+                if progress is not None:
+                    progress(trial.number + 1, best_p99)
+        ranked = sorted(feasible, key=lambda entry: (entry[0], entry[1]))
+        best = {"p99": before["p99_ms"], "data": dict(data), "after": before}
+        if screen is workload:
+            if ranked and ranked[0][0] < best["p99"]:
+                best.update(p99=ranked[0][0], data=ranked[0][2], after=ranked[0][3])
+        else:
+            before = _figures(shipped, fleet, workload)
+            best.update(p99=before["p99_ms"], after=before)
+            chosen = [proposed for _, _, proposed, _ in ranked[:finalists]]
+            judged = len(chosen)
+            for proposed, after in zip(
+                chosen,
+                _simulate_all(pool, chosen, source, fleet, workload),
+                strict=True,
+            ):
+                if _no_class_worse(before, after) and after["p99_ms"] < best["p99"]:
+                    best.update(p99=after["p99_ms"], data=proposed, after=after)
+    values = {".".join(knob.path): float(_get(best["data"], knob.path)) for knob in knobs}
     return TuneResult(
         text=yaml.safe_dump(best["data"], sort_keys=False),
         values=values,

@@ -3,15 +3,25 @@ is worse under it than under the shipped one."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
 
-from hetero.framework.fleet import resolve_fleet
+from hetero.framework.fleet import Fleet, resolve_fleet
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
 from hetero.framework.simulator import load_workload
-from hetero.framework.simulator.tune import _figures, _no_class_worse, screen_workload, tune
+from hetero.framework.simulator.tune import (
+    _figures,
+    _no_class_worse,
+    _simulate_all,
+    _workers,
+    screen_workload,
+    tune,
+    variant_knobs,
+)
+from hetero.framework.simulator.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 THRASH = REPO / "benchmarks" / "scenarios" / "thrash"
@@ -73,3 +83,56 @@ def test_a_screened_search_judges_its_finalists_on_the_whole_workload(tmp_path: 
     assert _no_class_worse(result.before, result.after)
     assert result.after["p99_ms"] <= whole["p99_ms"]
     load_policy_text(result.text, "tuned.yaml")
+
+
+def _thrash(tmp_path: Path) -> tuple[dict[str, object], Fleet, Workload]:
+    text = (THRASH / "policy.yaml").read_text()
+    path = tmp_path / "thrash.yaml"
+    path.write_text(
+        (THRASH / "workload.yaml").read_text().replace("duration_s: 1800", "duration_s: 240")
+    )
+    fleet = resolve_fleet(load_policy_text(text, "thrash.yaml"), Registry(use_entry_points=False))
+    return yaml.safe_load(text), fleet, load_workload(path)
+
+
+def test_a_trial_in_a_worker_process_gives_the_figures_it_gives_in_process(
+    tmp_path: Path,
+) -> None:
+    """Worker processes are spawned (their own hash seed, their own imports): a trial run there
+    must give exactly what it gives here, or ``--jobs`` would change what is judged."""
+    data, fleet, workload = _thrash(tmp_path)
+    slower = copy.deepcopy(data)
+    slower["scheduler"] = {**slower.get("scheduler", {}), "min_residency_s": 90.0}
+    here = _simulate_all(None, [data, slower], "thrash.yaml", fleet, workload)
+    with _workers(fleet, 2) as pool:
+        assert pool is not None
+        there = _simulate_all(pool, [data, slower], "thrash.yaml", fleet, workload)
+    for mine, theirs in zip(here, there, strict=True):
+        assert {k: v for k, v in mine.items() if k != "wall_s"} == {
+            k: v for k, v in theirs.items() if k != "wall_s"
+        }
+    assert here[0] != here[1]  # the control: the two candidates differ
+
+
+def test_parallel_tuning_is_seeded_and_searches_each_variants_batching(tmp_path: Path) -> None:
+    data, fleet, workload = _thrash(tmp_path)
+    policy = load_policy_text(yaml.safe_dump(data), "thrash.yaml")
+    knobs = {".".join(knob.path): knob for knob in variant_knobs(policy)}
+    batchable = [
+        (name, variant_name, variant)
+        for name, stage in policy.spec.stages.items()
+        for variant_name, variant in stage.variants.items()
+        if variant.batchable and variant.max_batch > 1
+    ]
+    assert batchable, "the thrash policy has a batchable variant"
+    for name, variant_name, variant in batchable:
+        top = knobs[f"stages.{name}.variants.{variant_name}.max_batch"].high
+        assert top == (variant.max_batch if variant.graph is not None else 2 * variant.max_batch)
+        assert f"stages.{name}.variants.{variant_name}.max_delay_ms" in knobs
+    first = tune(data, "thrash.yaml", fleet, workload, trials=4, seed=5, jobs=2)
+    second = tune(data, "thrash.yaml", fleet, workload, trials=4, seed=5, jobs=2)
+    assert first.trials == 4
+    assert first.text == second.text and first.values == second.values
+    assert set(knobs) <= set(first.values)
+    load_policy_text(first.text, "tuned.yaml")
+    assert _no_class_worse(first.before, first.after)
