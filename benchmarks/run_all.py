@@ -12,9 +12,9 @@ Scenarios: ref-8xa100, thrash, mixed-fleet and azure-conv simulated under every 
 policy on identical arrivals (``benchmarks/scenarios/run.py``); tables, JSON and plots go to
 ``results/scenarios/<name>/``.
 
-Tuning: ``hetero tune`` on the mixed-fleet scenario (trials screened on 20 s after the warm-up,
-the two best judged on the whole workload), its before/after table and its wall time; the tuned
-policy goes to ``results/tune/mixed-fleet.tuned.yaml``.
+Tuning: ``hetero tune`` on the mixed-fleet scenario (60 trials, two at a time, screened on 10 s
+after the warm-up, the three best judged on the whole workload), its before/after table and its
+wall time; the tuned policy goes to ``results/tune/mixed-fleet.tuned.yaml``.
 
 Serving: hetero's server against an in-process loop and a plain FastAPI baseline on the same
 models and a 70/30 embed/vision closed-loop load (``hetero bench serve``); the JSON report goes
@@ -114,11 +114,12 @@ def bench_tune() -> None:
         str(root / "policies" / "sim" / "mixed-fleet.yaml"),
         str(root / "benchmarks" / "scenarios" / "mixed-fleet" / "workload.yaml"),
         str(out),
-        trials=8,
-        seed=0,
+        trials=60,
+        seed=1,
         timeout_s=None,
-        search_s=20.0,
-        finalists=2,
+        search_s=10.0,
+        finalists=3,
+        jobs=2,
     )
     print(f"hetero tune: {time.perf_counter() - started:.0f} s of wall time")
 
