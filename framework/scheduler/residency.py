@@ -1,6 +1,7 @@
 """Residency glue between placement and the per-device memory managers: finding a device with
 room (minimum residency, then young replicas, then draining busy models for an overdue task),
-KV reservations, warm starts, predictive loads and releases."""
+memory-even placement of KV-cache models, KV reservations, warm starts, predictive loads and
+releases."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
+        if kv_bytes and self.placement == "cost_model" and self._continuous_llm():
+            mask = self._memory_even(tables, mask, kv_bytes)
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
@@ -61,6 +64,39 @@ class ResidencyMixin(PlacementMixin):
         if overdue:
             self._start_drain(task, tables, mask, now, kv_bytes)
         return None
+
+    def _continuous_llm(self) -> bool:
+        return self.policy.spec.scheduler.batching.llm == "continuous"
+
+    def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
+        """Memory-balanced placement of a model with a KV cache that batches continuously:
+        of the candidates where it is resident or fits in free memory (no eviction), those
+        whose memory use after taking the task is within half a request's KV cache of the
+        least (ties, in practice); the cost model chooses among them. A continuous batch's
+        step time barely grows with its size, so the cost model alone fills one device's
+        batch before the next; this spreads the sequences, hence the KV cache, hence memory
+        use, evenly (a device with room and without the model draws it there: a replica).
+        The mask as it is when no candidate fits without evicting."""
+        indices = np.flatnonzero(mask)
+        if indices.size < 2:
+            return mask
+        after = np.empty(indices.size)
+        for position, index in enumerate(indices.tolist()):
+            manager = self.memory[index]
+            loaded = tables.costs.key in manager.resident
+            after[position] = (
+                manager.used + kv_bytes + (0 if loaded else tables.resident_bytes[index])
+            )
+        capacity = self.fleet.capacity[indices]
+        fits = after <= capacity
+        if not fits.any():
+            return mask
+        share = after / capacity
+        least = share[fits].min()
+        keep = fits & (share <= least + 0.5 * kv_bytes / capacity)
+        even = np.zeros_like(mask)
+        even[indices[keep]] = True
+        return even
 
     def overdue(self, task: StageTask, now: float) -> bool:
         """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then
