@@ -12,7 +12,11 @@ from hetero.framework.scheduler.placement import PlacementMixin
 from hetero.framework.scheduler.tables import StageTables
 from hetero.framework.scheduler.tasks import StageTask
 
-__all__ = ["ResidencyMixin"]
+__all__ = ["FAST_ENOUGH", "ResidencyMixin"]
+
+FAST_ENOUGH = 1.5
+"""With LLMs batching continuously, another stage's task is spread over the devices at most
+this many times slower for it than the fastest candidate."""
 
 
 class ResidencyMixin(PlacementMixin):
@@ -40,8 +44,9 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
-        if kv_bytes and self.placement == "cost_model" and self._continuous_llm():
-            mask = self._memory_even(tables, mask, kv_bytes)
+        spread = self.placement == "cost_model" and self._continuous_llm()
+        if spread:
+            mask = self._continuous_spread(tables, mask, kv_bytes)
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
@@ -59,6 +64,8 @@ class ResidencyMixin(PlacementMixin):
                     kv_bytes=kv_bytes,
                 )
                 if plan is not None:
+                    if spread and kv_bytes:
+                        self._kv_placed(costs.key)[index] = now
                     return index, terms, plan
                 candidates[index] = False
         if overdue:
@@ -67,6 +74,51 @@ class ResidencyMixin(PlacementMixin):
 
     def _continuous_llm(self) -> bool:
         return self.policy.spec.scheduler.batching.llm == "continuous"
+
+    def _continuous_spread(
+        self, tables: StageTables, mask: np.ndarray, kv_bytes: int
+    ) -> np.ndarray:
+        """Candidates for a task when LLMs batch continuously (docs/scheduler.md): a KV-cache
+        model's task goes memory-evenly and, of those devices, to the ones given a sequence
+        of this model least recently; another model's task, on devices a continuous batch is
+        running on, goes to the fast devices with the fewest tasks in flight."""
+        if kv_bytes:
+            even = self._memory_even(tables, mask, kv_bytes)
+            placed = np.where(even, self._kv_placed(tables.costs.key), np.inf)
+            earliest: np.ndarray = even & (placed <= placed.min())
+            return earliest
+        return self._fewest_in_flight(tables, mask)
+
+    def _kv_placed(self, key: str) -> np.ndarray:
+        """When each device was last given a sequence of KV-cache model ``key``."""
+        placed = self._kv_placed_at.get(key)
+        count = len(self.devices)
+        if placed is None or placed.size != count:
+            grown = np.full(count, -np.inf)
+            if placed is not None:
+                grown[: min(placed.size, count)] = placed[:count]
+            placed = self._kv_placed_at[key] = grown
+        return placed
+
+    def _fewest_in_flight(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
+        """A batch of another model on a device running a continuous batch stalls every
+        running sequence for its length, so such batches are spread evenly: of the
+        candidates no more than :data:`FAST_ENOUGH` times slower than the fastest, those with
+        the fewest tasks in flight (the cost model chooses among them). The mask as it is
+        when no continuously batched model has work on a candidate."""
+        if not mask.any():
+            return mask
+        busy = np.zeros_like(mask)
+        for key, other in self.tables.items():
+            if other.costs.hint.kv_bytes_per_token and key != tables.costs.key:
+                busy |= other.pending > 0
+        if not (busy & mask).any():
+            return mask
+        unit = tables.unit_s
+        fast = mask & (unit <= FAST_ENOUGH * unit[mask].min())
+        in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
+        fewest: np.ndarray = fast & (self.in_flight <= in_flight.min())
+        return fewest
 
     def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
         """Memory-balanced placement of a model with a KV cache that batches continuously:

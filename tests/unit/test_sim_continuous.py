@@ -220,3 +220,60 @@ def test_control_static_llm_batching_packs_one_device() -> None:
     assert scheduler.preload(devices[0].id, "llm/full")
     where = [d.device_id for d in _place(scheduler, 6)]
     assert where == [devices[0].id] * 6  # a forming batch is cheapest to join
+
+
+def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
+    policy = _policy(3)
+    devices = simulated_devices(policy.spec.devices.simulated)
+    clock = VirtualClock()
+    scheduler = Scheduler(policy, devices, Topology(devices), clock)
+    for device in devices:
+        assert scheduler.preload(device.id, "llm/full")
+    where = []
+    for second in range(6):  # one at a time: memory is even again before each
+        clock.advance_to(float(second))
+        (placed,) = _place(scheduler, 1)
+        where.append(placed.device_id)
+        scheduler.completed(placed, ok=True, run_s=1.0)
+    # Each device's batch takes sequences of every age instead of a cohort at once.
+    assert sorted(where[:3]) == sorted(d.id for d in devices)
+    assert where[3:] == where[:3]
+
+
+ENCODER = """\
+  enc:
+    modality: text
+    variants:
+      full: {flops_per_item: 1 TFLOPS, bytes_per_item: 1 GB, resident_bytes: 2 GB,
+             max_batch: 8, dtype: fp16}
+"""
+
+
+def _with_encoder(batching: str) -> Scheduler:
+    text = POLICY.format(count=2, batching=batching).replace("stages:\n", "stages:\n" + ENCODER)
+    text = text.replace("routes: {/llm: llm}", "routes: {/llm: llm, /enc: enc}")
+    policy = load_policy_text(text, "enc.yaml")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    scheduler = Scheduler(policy, devices, Topology(devices), VirtualClock())
+    for device in devices:
+        assert scheduler.preload(device.id, "llm/full")
+        assert scheduler.preload(device.id, "enc/full")
+    _place(scheduler, 2)  # a sequence running on each device
+    return scheduler
+
+
+def _encode(scheduler: Scheduler, count: int) -> list[str]:
+    where = []
+    for _ in range(count):
+        scheduler.enqueue(StageTask("r", "enc", "enc", "full", "standard", 0.0, 100.0))
+        outcome = scheduler.dispatch()
+        assert isinstance(outcome, Dispatch)
+        where.append(outcome.device_id)
+    return where
+
+
+def test_other_stages_batches_spread_over_devices_running_a_continuous_batch() -> None:
+    scheduler = _with_encoder("continuous")
+    where = _encode(scheduler, 6)
+    # Each of these batches stalls the sequences running where it goes: spread evenly.
+    assert where.count(scheduler.devices[0].id) == where.count(scheduler.devices[1].id) == 3
