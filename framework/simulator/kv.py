@@ -66,11 +66,11 @@ class PagedKv:
         self.running: dict[str, list[KvHolder]] = defaultdict(list)
 
     def add(self, device_id: str, batch: KvHolder) -> None:
-        """A batch starts on ``device_id`` (an engine is added once and stays)."""
+        """A batch starts on ``device_id`` (an engine: it has sequences again)."""
         self.running[device_id].append(batch)
 
     def remove(self, device_id: str, batch: KvHolder) -> None:
-        """It finished: its blocks go back."""
+        """It finished (an engine: its last sequence left): its blocks go back."""
         self.running[device_id].remove(batch)
 
     def usage(self, device_id: str, now: float) -> tuple[float, float]:

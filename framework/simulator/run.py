@@ -354,7 +354,10 @@ class _Simulation:
                 self.metrics.load_waits += 1
             hint = self.scheduler.tables[key].costs.hint
             if self.continuous and hint.kv_bytes_per_token:
-                self._engine(device, key).add(self._sequence(outcome))
+                engine = self._engine(device, key)
+                if not engine.has_work:  # the memory figures visit engines with sequences
+                    self.kv.add(outcome.device_id, engine)
+                engine.add(self._sequence(outcome))
                 continue
             if key not in device.batchers:
                 size, delay_s = self.scheduler.batching_for(key)
@@ -586,7 +589,6 @@ class _Simulation:
                 ),
             )
             device.engines[key] = engine
-            self.kv.add(device.spec.id, engine)
         return engine
 
     def _sequence(self, dispatch: Dispatch) -> DecodeSequence[Dispatch]:
@@ -677,7 +679,10 @@ class _Simulation:
         self.metrics.busy[device_id].append((work.start, now - work.start))
         device.busy = False
         device.engine_key = None
-        for sequence in engine.finish():
+        finished = engine.finish()
+        if not engine.has_work:
+            self.kv.remove(device_id, engine)
+        for sequence in finished:
             run_s = now - (sequence.admitted_at or now)
             self._finish(sequence.item, device_id, run_s, max(1, round(sequence.mean_batch)))
 
