@@ -49,10 +49,22 @@ def decode_steps(
     generating ``remaining`` more tokens (one per step; a sequence leaves after its last):
     ``max(remaining)`` steps. A step reads the weights once plus every running sequence's KV
     cache and computes one token per running sequence, at the measured decode efficiency."""
+    efficiency = efficiency_for(device.properties.get("preset"))
+    roofline: np.ndarray = _roofline_steps(hint, device, contexts, remaining, nominal_tokens)
+    return roofline / efficiency.decode
+
+
+def _roofline_steps(
+    hint: BandwidthHint,
+    device: DeviceSpec,
+    contexts: Sequence[int],
+    remaining: Sequence[int],
+    nominal_tokens: float,
+) -> np.ndarray:
+    """Roofline seconds of each decode step (before the measured efficiency)."""
     longest = max(remaining, default=0)
     if longest <= 0:
         return np.zeros(0)
-    efficiency = efficiency_for(device.properties.get("preset"))
     peak = device.peak_flops_for(hint.dtype)
     bandwidth = device.memory_bandwidth_bytes_per_s
     flops_per_token = _per_token_flops(hint, nominal_tokens)
@@ -63,7 +75,7 @@ def decode_steps(
     held = ((context + step[None, :]) * running).sum(axis=0)
     traffic = hint.resident_bytes + held * hint.kv_bytes_per_token
     step_s: np.ndarray = np.maximum(active * flops_per_token / peak, traffic / bandwidth)
-    return step_s / efficiency.decode
+    return step_s
 
 
 def llm_phases(
@@ -81,5 +93,6 @@ def llm_phases(
     ``hint.resident_bytes``.
     """
     prefill = prefill_seconds(hint, device, sum(prompts), nominal_tokens)
-    steps = decode_steps(hint, device, prompts, outputs, nominal_tokens)
-    return prefill, float(steps.sum())
+    efficiency = efficiency_for(device.properties.get("preset"))
+    steps = _roofline_steps(hint, device, prompts, outputs, nominal_tokens)
+    return prefill, float(steps.sum()) / efficiency.decode
