@@ -103,9 +103,11 @@ class ResidencyMixin(PlacementMixin):
     def _fewest_in_flight(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
         """A batch of another model on a device running a continuous batch stalls every
         running sequence for its length, so such batches are spread evenly: of the
-        candidates no more than :data:`FAST_ENOUGH` times slower than the fastest, those with
-        the fewest tasks in flight (the cost model chooses among them). The mask as it is
-        when no continuously batched model has work on a candidate."""
+        candidates where the model is resident or fits without evicting (a replica where
+        memory allows) and no more than :data:`FAST_ENOUGH` times slower than the fastest,
+        those with the fewest tasks in flight (the cost model chooses among them). The mask
+        as it is when no continuously batched model has work on a candidate, or no candidate
+        has room without evicting."""
         if not mask.any():
             return mask
         busy = np.zeros_like(mask)
@@ -114,8 +116,13 @@ class ResidencyMixin(PlacementMixin):
                 busy |= other.pending > 0
         if not (busy & mask).any():
             return mask
+        room = mask & tables.resident
+        for index in np.flatnonzero(mask & ~tables.resident).tolist():
+            room[index] = self.memory[index].free >= tables.resident_bytes[index]
+        if not room.any():
+            return mask  # never an eviction for the spread's sake
         unit = tables.unit_s
-        fast = mask & (unit <= FAST_ENOUGH * unit[mask].min())
+        fast = room & (unit <= FAST_ENOUGH * unit[room].min())
         in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
         fewest: np.ndarray = fast & (self.in_flight <= in_flight.min())
         return fewest

@@ -277,3 +277,12 @@ def test_other_stages_batches_spread_over_devices_running_a_continuous_batch() -
     where = _encode(scheduler, 6)
     # Each of these batches stalls the sequences running where it goes: spread evenly.
     assert where.count(scheduler.devices[0].id) == where.count(scheduler.devices[1].id) == 3
+
+
+def test_the_spread_loads_a_replica_where_memory_is_free() -> None:
+    scheduler = _with_encoder("continuous")
+    first, second = scheduler.devices
+    assert scheduler.release(second.id, "enc/full")  # the encoder only on the first device
+    where = _encode(scheduler, 2)
+    assert where == [first.id, second.id]  # a replica loads where memory is free
+    assert scheduler.tables["enc/full"].resident.all()
