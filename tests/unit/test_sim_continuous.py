@@ -5,6 +5,7 @@ and the memory-even placement that spreads continuously batched sequences over t
 
 from __future__ import annotations
 
+import runpy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -286,3 +287,13 @@ def test_the_spread_loads_a_replica_where_memory_is_free() -> None:
     where = _encode(scheduler, 2)
     assert where == [first.id, second.id]  # a replica loads where memory is free
     assert scheduler.tables["enc/full"].resident.all()
+
+
+def test_the_ref_8xa100_mean_bound_is_the_documented_one() -> None:
+    script = (
+        Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios" / "ref_8xa100_bound.py"
+    )
+    figures = runpy.run_path(str(script))["bound"]()
+    assert figures["mean_bound_s"] == pytest.approx(1.81, abs=0.005)  # docs/simulator.md
+    assert figures["mean_bound_s"] == figures["little_bound_s"] > figures["own_work_bound_s"]
+    assert figures["llm_alone_s"] == pytest.approx(1.639, abs=0.001)
