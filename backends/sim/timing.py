@@ -6,6 +6,11 @@ batch time (:meth:`BandwidthHint.batch_seconds`: weights read once per batch); a
 (its hint has ``kv_bytes_per_token``) takes prefill plus decode steps over a growing KV cache,
 each phase at its measured share of the roofline (:func:`hetero.backends.sim.llm.llm_phases`,
 calibrated from SplitwiseSim's A100/H100 table). Either way a fixed launch overhead is added.
+
+A continuous (iteration-level) batch, as vLLM runs one, is timed by the same phases taken
+apart: :func:`modelled_prefill` for the prefill step of the sequences that join (with the launch
+overhead) and :func:`modelled_steps` for the decode steps of the running set, so one sequence
+alone takes exactly what :func:`modelled_run` gives it.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetero.backends.sim.llm import llm_phases
+import numpy as np
+
+from hetero.backends.sim.llm import decode_steps, llm_phases, prefill_seconds
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.graph import BandwidthHint
 
@@ -22,7 +29,9 @@ __all__ = [
     "LAUNCH_OVERHEAD_S",
     "LlmSequences",
     "RunTime",
+    "modelled_prefill",
     "modelled_run",
+    "modelled_steps",
 ]
 
 # Fixed cost of one launch (kernel launches, synchronisation); NVIDIA quotes a few microseconds
@@ -90,3 +99,24 @@ def modelled_run(
         hint, device, sequences.prompts, sequences.outputs, sequences.nominal_tokens
     )
     return RunTime(LAUNCH_OVERHEAD_S + prefill + decode, prefill, decode)
+
+
+def modelled_prefill(
+    hint: BandwidthHint, device: DeviceSpec, prompts: Sequence[int], nominal_tokens: float
+) -> float:
+    """Seconds of one prefill step of a continuous batch: the launch overhead plus the prefill
+    of every joining sequence's ``prompts`` (the phase :func:`modelled_run` starts with)."""
+    return LAUNCH_OVERHEAD_S + prefill_seconds(hint, device, sum(prompts), nominal_tokens)
+
+
+def modelled_steps(
+    hint: BandwidthHint,
+    device: DeviceSpec,
+    contexts: Sequence[int],
+    remaining: Sequence[int],
+    nominal_tokens: float,
+) -> np.ndarray:
+    """Seconds of each decode step of a continuous batch whose sequences hold ``contexts``
+    tokens of KV cache and have ``remaining`` tokens to generate (the decode phase of
+    :func:`modelled_run`, from any point of the sequences' lives)."""
+    return decode_steps(hint, device, contexts, remaining, nominal_tokens)

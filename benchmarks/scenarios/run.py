@@ -40,6 +40,7 @@ COLUMNS = (
     "model_evictions",
     "shed",
     "breaker_trips",
+    "kv_preemptions",
     "lowest_class_max_wait_s",
     "throughput_rps",
     "completed",

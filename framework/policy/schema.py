@@ -272,9 +272,13 @@ class QosConfig(_Frozen):
 
 
 class BatchingConfig(_Frozen):
-    """Defaults for per-(stage, device) batching; a variant's own figures win."""
+    """Defaults for per-(stage, device) batching; a variant's own figures win. ``llm`` is how
+    a stage with a KV cache (``kv_bytes_per_token``) batches in simulation: ``continuous``
+    (iteration-level, as vLLM-style engines run it: requests join at the next decode step and
+    leave when done) or ``static`` (a batch runs until its longest output is done)."""
 
     max_delay_ms: NonNegativeFloat = 5.0
+    llm: Literal["continuous", "static"] = "continuous"
 
 
 class PlacementWeights(_Frozen):

@@ -1,6 +1,7 @@
 """Residency glue between placement and the per-device memory managers: finding a device with
 room (minimum residency, then young replicas, then draining busy models for an overdue task),
-KV reservations, warm starts, predictive loads and releases."""
+memory-even placement of KV-cache models, KV reservations, warm starts, predictive loads and
+releases."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from hetero.framework.scheduler.placement import PlacementMixin
 from hetero.framework.scheduler.tables import StageTables
 from hetero.framework.scheduler.tasks import StageTask
 
-__all__ = ["ResidencyMixin"]
+__all__ = ["FAST_ENOUGH", "ResidencyMixin"]
+
+FAST_ENOUGH = 1.5
+"""With LLMs batching continuously, another stage's task is spread over the devices at most
+this many times slower for it than the fastest candidate."""
 
 
 class ResidencyMixin(PlacementMixin):
@@ -39,6 +44,9 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
+        spread = self.placement == "cost_model" and self._continuous_llm()
+        if spread:
+            mask = self._continuous_spread(tables, mask, kv_bytes)
         passes = [frozenset[str]()]
         if not (tables.resident & mask).any():
             passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
@@ -56,11 +64,98 @@ class ResidencyMixin(PlacementMixin):
                     kv_bytes=kv_bytes,
                 )
                 if plan is not None:
+                    if spread and kv_bytes:
+                        self._kv_placed(costs.key)[index] = now
                     return index, terms, plan
                 candidates[index] = False
         if overdue:
             self._start_drain(task, tables, mask, now, kv_bytes)
         return None
+
+    def _continuous_llm(self) -> bool:
+        return self.policy.spec.scheduler.batching.llm == "continuous"
+
+    def _continuous_spread(
+        self, tables: StageTables, mask: np.ndarray, kv_bytes: int
+    ) -> np.ndarray:
+        """Candidates for a task when LLMs batch continuously (docs/scheduler.md): a KV-cache
+        model's task goes memory-evenly and, of those devices, to the ones given a sequence
+        of this model least recently; another model's task, on devices a continuous batch is
+        running on, goes to the fast devices with the fewest tasks in flight."""
+        if kv_bytes:
+            even = self._memory_even(tables, mask, kv_bytes)
+            placed = np.where(even, self._kv_placed(tables.costs.key), np.inf)
+            earliest: np.ndarray = even & (placed <= placed.min())
+            return earliest
+        return self._fewest_in_flight(tables, mask)
+
+    def _kv_placed(self, key: str) -> np.ndarray:
+        """When each device was last given a sequence of KV-cache model ``key``."""
+        placed = self._kv_placed_at.get(key)
+        count = len(self.devices)
+        if placed is None or placed.size != count:
+            grown = np.full(count, -np.inf)
+            if placed is not None:
+                grown[: min(placed.size, count)] = placed[:count]
+            placed = self._kv_placed_at[key] = grown
+        return placed
+
+    def _fewest_in_flight(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
+        """A batch of another model on a device running a continuous batch stalls every
+        running sequence for its length, so such batches are spread evenly: of the
+        candidates where the model is resident or fits without evicting (a replica where
+        memory allows) and no more than :data:`FAST_ENOUGH` times slower than the fastest,
+        those with the fewest tasks in flight (the cost model chooses among them). The mask
+        as it is when no continuously batched model has work on a candidate, or no candidate
+        has room without evicting."""
+        if not mask.any():
+            return mask
+        busy = np.zeros_like(mask)
+        for key, other in self.tables.items():
+            if other.costs.hint.kv_bytes_per_token and key != tables.costs.key:
+                busy |= other.pending > 0
+        if not (busy & mask).any():
+            return mask
+        room = mask & tables.resident
+        for index in np.flatnonzero(mask & ~tables.resident).tolist():
+            room[index] = self.memory[index].free >= tables.resident_bytes[index]
+        if not room.any():
+            return mask  # never an eviction for the spread's sake
+        unit = tables.unit_s
+        fast = room & (unit <= FAST_ENOUGH * unit[room].min())
+        in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
+        fewest: np.ndarray = fast & (self.in_flight <= in_flight.min())
+        return fewest
+
+    def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
+        """Memory-balanced placement of a model with a KV cache that batches continuously:
+        of the candidates where it is resident or fits in free memory (no eviction), those
+        whose memory use after taking the task is within half a request's KV cache of the
+        least (ties, in practice); the cost model chooses among them. A continuous batch's
+        step time barely grows with its size, so the cost model alone fills one device's
+        batch before the next; this spreads the sequences, hence the KV cache, hence memory
+        use, evenly (a device with room and without the model draws it there: a replica).
+        The mask as it is when no candidate fits without evicting."""
+        indices = np.flatnonzero(mask)
+        if indices.size < 2:
+            return mask
+        after = np.empty(indices.size)
+        for position, index in enumerate(indices.tolist()):
+            manager = self.memory[index]
+            loaded = tables.costs.key in manager.resident
+            after[position] = (
+                manager.used + kv_bytes + (0 if loaded else tables.resident_bytes[index])
+            )
+        capacity = self.fleet.capacity[indices]
+        fits = after <= capacity
+        if not fits.any():
+            return mask
+        share = after / capacity
+        least = share[fits].min()
+        keep = fits & (share <= least + 0.5 * kv_bytes / capacity)
+        even = np.zeros_like(mask)
+        even[indices[keep]] = True
+        return even
 
     def overdue(self, task: StageTask, now: float) -> bool:
         """Whether ``task`` has waited its class's ``max_load_wait_s`` in its queue: from then

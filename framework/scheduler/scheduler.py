@@ -165,6 +165,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
+        self._kv_placed_at: dict[str, np.ndarray] = {}  # residency: continuous LLM spread
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]

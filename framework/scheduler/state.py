@@ -61,6 +61,7 @@ class SchedulerState:
     _round_robin: dict[str, int]
     _blocked_stages: set[str]
     _retry_blocked_at: float
+    _kv_placed_at: dict[str, np.ndarray]
 
     def _unblock(self) -> None:
         """Something changed (a completion, health): every blocked stage may try again."""

@@ -11,10 +11,25 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["KvBatch", "PagedKv"]
+__all__ = ["KvBatch", "KvHolder", "PagedKv"]
+
+
+class KvHolder(Protocol):
+    """Sequences that hold KV cache on a device: a static batch (:class:`KvBatch`) or a
+    continuous batch's engine (:class:`hetero.framework.simulator.decode.DecodeEngine`)."""
+
+    @property
+    def bytes_per_token(self) -> float:
+        """KV bytes one token takes."""
+        ...
+
+    def tokens(self, now: float) -> np.ndarray:
+        """Tokens each sequence holds at ``now``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +58,19 @@ class KvBatch:
 
 
 class PagedKv:
-    """Running LLM batches per device and the blocks they hold."""
+    """Running LLM batches (or continuous batches' engines) per device and the blocks they
+    hold."""
 
     def __init__(self, block_tokens: int) -> None:
         self.block_tokens = block_tokens
-        self.running: dict[str, list[KvBatch]] = defaultdict(list)
+        self.running: dict[str, list[KvHolder]] = defaultdict(list)
 
-    def add(self, device_id: str, batch: KvBatch) -> None:
-        """A batch starts on ``device_id``."""
+    def add(self, device_id: str, batch: KvHolder) -> None:
+        """A batch starts on ``device_id`` (an engine: it has sequences again)."""
         self.running[device_id].append(batch)
 
-    def remove(self, device_id: str, batch: KvBatch) -> None:
-        """It finished: its blocks go back."""
+    def remove(self, device_id: str, batch: KvHolder) -> None:
+        """It finished (an engine: its last sequence left): its blocks go back."""
         self.running[device_id].remove(batch)
 
     def usage(self, device_id: str, now: float) -> tuple[float, float]:

@@ -35,6 +35,8 @@ class RunMetrics:
     loads: int = 0
     evictions: int = 0
     breaker_trips: int = 0
+    preemptions: int = 0
+    """Sequences a continuous batch preempted for want of KV blocks (recomputed later)."""
     first_arrival: float = 0.0
     last_completion: float = 0.0
     memory_std_integral: float = 0.0
@@ -116,6 +118,7 @@ class RunMetrics:
             "model_evictions": self.evictions,
             "loads_per_hour": self.loads / hours if hours else float("nan"),
             "breaker_trips": self.breaker_trips,
+            "kv_preemptions": self.preemptions,
             "throughput_rps": measured / span if span > 0 else float("nan"),
             "simulated_s": self.last_completion,
             "wall_s": self.wall_s,

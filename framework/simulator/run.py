@@ -9,6 +9,14 @@ times a draw from Alibaba's measured spread). A batch lasts the modelled time of
 nominal size (text tokens, image count, audio seconds); for an LLM stage (its hint has
 ``kv_bytes_per_token``) the formula takes each request's prompt and output tokens phase by
 phase, and its KV cache grows in paged blocks while it runs (:mod:`kv`).
+
+LLM stages batch continuously by default (``scheduler.batching.llm: continuous``, as vLLM-style
+engines do): a dispatch to an LLM model joins that device's engine (:mod:`decode`), which admits
+it at the next decode step boundary, runs its prefill, then decodes it with whatever else is
+running until its last token. The device is one serial resource: another model's ready batch,
+or a request that can join, cuts the engine's decode window at the end of the step in
+progress. ``static`` keeps the earlier model (a batch runs until its longest output is done).
+Every placement gets the same batching.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetero.backends.sim.calibration import load_multiplier
-from hetero.backends.sim.timing import LlmSequences, RunTime, modelled_run
+from hetero.backends.sim.timing import (
+    LlmSequences,
+    RunTime,
+    modelled_prefill,
+    modelled_run,
+    modelled_steps,
+)
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
 from hetero.framework.graph import BandwidthHint
@@ -45,6 +59,7 @@ from hetero.framework.simulator.arrivals import (
     open_loop_requests,
     request_from_kind,
 )
+from hetero.framework.simulator.decode import DecodeEngine, DecodeSequence, EngineWork
 from hetero.framework.simulator.kv import KvBatch, PagedKv
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
@@ -53,7 +68,7 @@ from hetero.framework.topology import Topology
 
 __all__ = ["simulate"]
 
-ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE = 0, 1, 2, 3, 4
+ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE, ENGINE_DONE = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -75,6 +90,12 @@ class _DeviceSim:
     loaded: set[str] = field(default_factory=set)
     prefetch: list[str] = field(default_factory=list)  # warm-up loads not started yet
     busy: bool = False
+    engines: dict[str, DecodeEngine[Dispatch]] = field(default_factory=dict)  # continuous LLMs
+    engine_key: str | None = None  # the engine whose work the device runs now
+
+    def engine_work(self) -> bool:
+        """An engine has sequences waiting or running."""
+        return any(engine.has_work for engine in self.engines.values())
 
 
 class _Simulation:
@@ -131,6 +152,7 @@ class _Simulation:
         self.loads_at_warmup: int | None = None
         self.evictions_at_warmup = 0
         self.kv = PagedKv(spec.scheduler.kv_block_tokens)
+        self.continuous = spec.scheduler.batching.llm == "continuous"
         self.load_draws = random.Random(workload.spec.seed)
 
     # --- events ------------------------------------------------------------------------------
@@ -170,6 +192,8 @@ class _Simulation:
                 self._warm_up(when)
             elif kind == LOAD_DONE:
                 self._load_done(*payload)  # type: ignore[misc]
+            elif kind == ENGINE_DONE:
+                self._engine_done(*payload)  # type: ignore[misc]
             self._dispatch()
             self._start_batches()
             retry = self.scheduler.next_retry_at
@@ -181,6 +205,9 @@ class _Simulation:
         self.metrics.loads = self.scheduler.stats.counts["loads"] - (self.loads_at_warmup or 0)
         self.metrics.evictions = self.scheduler.stats.counts["evictions"] - self.evictions_at_warmup
         self.metrics.breaker_trips = self.scheduler.stats.counts["breaker_open"]
+        self.metrics.preemptions = sum(
+            e.preemptions for d in self.devices.values() for e in d.engines.values()
+        )
         self.metrics.wall_s = time.perf_counter() - started
         return self.metrics
 
@@ -325,6 +352,13 @@ class _Simulation:
             key = outcome.model_key
             if key not in device.loaded and outcome.task.arrival >= self.workload.spec.warmup_s:
                 self.metrics.load_waits += 1
+            hint = self.scheduler.tables[key].costs.hint
+            if self.continuous and hint.kv_bytes_per_token:
+                engine = self._engine(device, key)
+                if not engine.has_work:  # the memory figures visit engines with sequences
+                    self.kv.add(outcome.device_id, engine)
+                engine.add(self._sequence(outcome))
+                continue
             if key not in device.batchers:
                 size, delay_s = self.scheduler.batching_for(key)
                 device.batchers[key] = Batcher(max_batch=size, max_delay_s=delay_s)
@@ -336,18 +370,20 @@ class _Simulation:
 
     def _start_batches(self) -> None:
         now = self.clock.now()
-        idle = [d for d in self.waiting if not self.devices[d].busy]
-        for device_id in sorted(idle, key=self.order.__getitem__):  # in fleet order
+        for device_id in sorted(self.waiting, key=self.order.__getitem__):  # in fleet order
             device = self.devices[device_id]
-            ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
-            if not ready:
-                self._start_prefetch(device)
+            if device.busy:
+                if device.engine_key is not None:
+                    self._cut_window(device, now)
                 continue
-            _, key = min(ready)
-            batch = device.batchers[key].take(now)
-            if not any(device.batchers.values()):
+            ready = [(b.due_at() or now, key) for key, b in device.batchers.items() if b.ready(now)]
+            if ready:
+                _, key = min(ready)
+                self._start(device, key, device.batchers[key].take(now))
+            elif not self._start_engine(device, now):
+                self._start_prefetch(device)
+            if not any(device.batchers.values()) and not device.engine_work():
                 self.waiting.discard(device_id)
-            self._start(device, key, batch)
 
     def _scale(self, dispatch: Dispatch) -> float:
         """Work of this request's stage relative to the hint's nominal item."""
@@ -503,29 +539,152 @@ class _Simulation:
         device.busy = False
         if kv_batch is not None:
             self.kv.remove(device_id, kv_batch)
-        now = self.clock.now()
         for dispatch in batch:
-            self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=len(batch))
-            run = self.runs.get(int(dispatch.task.request_id))
-            if run is None:
-                continue
-            hint = self.scheduler.tables[dispatch.model_key].costs.hint
-            run.done[dispatch.task.step] = OutputHandle(
-                device_id, None, int(hint.output_bytes * self._scale(dispatch))
+            self._finish(dispatch, device_id, run_s, len(batch))
+
+    def _finish(self, dispatch: Dispatch, device_id: str, run_s: float, batch_size: int) -> None:
+        """One task's stage is done: report it, then finish its request or queue its next
+        steps."""
+        now = self.clock.now()
+        self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=batch_size)
+        run = self.runs.get(int(dispatch.task.request_id))
+        if run is None:
+            return
+        hint = self.scheduler.tables[dispatch.model_key].costs.hint
+        run.done[dispatch.task.step] = OutputHandle(
+            device_id, None, int(hint.output_bytes * self._scale(dispatch))
+        )
+        if all(sink in run.done for sink in run.pipeline.sinks):
+            del self.runs[run.request.index]
+            latency = now - run.request.arrival
+            if run.request.arrival >= self.workload.spec.warmup_s:
+                self.metrics.latencies.append(latency)
+                self.metrics.latencies_by_class[run.qos].append(latency)
+            self.metrics.completed += 1
+            self.metrics.last_completion = now
+            if run.client is not None:
+                self._next_closed_loop(run.client, now)
+        elif not self._enqueue_ready(run):
+            self._drop(run)
+            self._shed(run.client)
+
+    # --- continuous batching of LLM stages (:mod:`decode`) -------------------------------------
+
+    def _engine(self, device: _DeviceSim, key: str) -> DecodeEngine[Dispatch]:
+        """The device's engine for LLM model ``key`` (made on its first dispatch)."""
+        engine = device.engines.get(key)
+        if engine is None:
+            tables = self.scheduler.tables[key]
+            hint = tables.costs.hint
+            spec = self.workload.spec
+            nominal = spec.stage_nominal.get(tables.costs.stage, spec.nominal).text_tokens
+            index = self.order[device.spec.id]
+            engine = DecodeEngine(
+                max_running=int(tables.limit[index]),
+                block_tokens=self.kv.block_tokens,
+                bytes_per_token=hint.kv_bytes_per_token,
+                prefill_s=lambda prompts: modelled_prefill(hint, device.spec, prompts, nominal),
+                steps_s=lambda contexts, remaining: modelled_steps(
+                    hint, device.spec, contexts, remaining, nominal
+                ),
             )
-            if all(sink in run.done for sink in run.pipeline.sinks):
-                del self.runs[run.request.index]
-                latency = now - run.request.arrival
-                if run.request.arrival >= self.workload.spec.warmup_s:
-                    self.metrics.latencies.append(latency)
-                    self.metrics.latencies_by_class[run.qos].append(latency)
-                self.metrics.completed += 1
-                self.metrics.last_completion = now
-                if run.client is not None:
-                    self._next_closed_loop(run.client, now)
-            elif not self._enqueue_ready(run):
-                self._drop(run)
-                self._shed(run.client)
+            device.engines[key] = engine
+        return engine
+
+    def _sequence(self, dispatch: Dispatch) -> DecodeSequence[Dispatch]:
+        """The engine's view of a dispatched LLM task: its prompt and output length."""
+        run = self.runs.get(int(dispatch.task.request_id))
+        if run is None:  # dropped meanwhile: a nominal prompt, nothing to generate
+            spec = self.workload.spec
+            nominal = spec.stage_nominal.get(dispatch.task.stage, spec.nominal).text_tokens
+            return DecodeSequence(dispatch, int(nominal), 0)
+        return DecodeSequence(dispatch, run.request.text_tokens, run.request.output_tokens)
+
+    def _kv_budget_blocks(self, device: _DeviceSim, key: str, now: float) -> int:
+        """Blocks of KV cache engine ``key`` may hold on the device: its memory after the
+        resident models and the other engines' blocks."""
+        manager = self.scheduler.memory[self.order[device.spec.id]]
+        free = float(manager.capacity - manager.model_bytes)
+        block = self.kv.block_tokens
+        for other, engine in device.engines.items():
+            if other != key:
+                free -= (
+                    float(np.ceil(engine.tokens(now) / block).sum())
+                    * block
+                    * (engine.bytes_per_token)
+                )
+        engine = device.engines[key]
+        return max(0, int(free // (block * engine.bytes_per_token)))
+
+    def _start_engine(self, device: _DeviceSim, now: float) -> bool:
+        """An idle device runs its engines' next work (the first engine, by key, that has
+        any); False when none has."""
+        for key in sorted(device.engines):
+            engine = device.engines[key]
+            if not engine.has_work:
+                continue
+            work = engine.next_work(now, self._kv_budget_blocks(device, key, now))
+            if work is None:
+                continue
+            if work.kind == "prefill":
+                self._prefill_starts(device, key, work, now)
+            device.busy = True
+            device.engine_key = key
+            self.push(work.end, ENGINE_DONE, (device.spec.id, key, engine.generation))
+            return True
+        return False
+
+    def _prefill_starts(
+        self, device: _DeviceSim, key: str, work: EngineWork[Dispatch], now: float
+    ) -> None:
+        """A prefill step starts: the model's load (if it is not on the device yet) and the
+        joining requests' inputs come first; their waits and first tokens are counted."""
+        index = self.scheduler.fleet.index[device.spec.id]
+        delay = 0.0
+        if key not in device.loaded:
+            delay += self._load_s(key, index)
+            device.loaded.add(key)
+            if key in device.prefetch:
+                device.prefetch.remove(key)
+        delay += max(self._transfer_s(s.item, index) for s in work.joining)
+        work.ends = work.ends + delay
+        warmup_s = self.workload.spec.warmup_s
+        for sequence in work.joining:
+            if sequence.admitted_at != now or sequence.generated:
+                continue  # readmitted after a preemption: counted the first time
+            task = sequence.item.task
+            if task.qos_class == self.lowest_class and task.arrival >= warmup_s:
+                self.metrics.lowest_class_waits.append(now - task.enqueued_at)
+            run = self.runs.get(int(task.request_id))
+            if run is not None and run.request.arrival >= warmup_s and sequence.output:
+                self.metrics.ttft.append(work.end - run.request.arrival)
+
+    def _cut_window(self, device: _DeviceSim, now: float) -> None:
+        """Other work wants the device: end the running decode window at the next step."""
+        assert device.engine_key is not None
+        engine = device.engines[device.engine_key]
+        wanted = any(e.wants_step_boundary() for e in device.engines.values()) or any(
+            b.ready(now) for b in device.batchers.values()
+        )
+        if wanted and (end := engine.truncate(now)) is not None:
+            self.push(end, ENGINE_DONE, (device.spec.id, device.engine_key, engine.generation))
+
+    def _engine_done(self, device_id: str, key: str, generation: int) -> None:
+        device = self.devices[device_id]
+        engine = device.engines[key]
+        work = engine.work
+        if generation != engine.generation or work is None:
+            return  # the window was cut: a later event ends it
+        now = self.clock.now()
+        self.metrics.busy[device_id].append((work.start, now - work.start))
+        device.busy = False
+        device.engine_key = None
+        finished = engine.finish()
+        if not engine.has_work:
+            self.kv.remove(device_id, engine)
+        for sequence in finished:
+            run_s = now - (sequence.admitted_at or now)
+            self._finish(sequence.item, device_id, run_s, max(1, round(sequence.mean_batch)))
 
 
 def simulate(

@@ -13,14 +13,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def simulate(seed: str, workload: Path) -> dict[str, Any]:
+def simulate(seed: str, workload: Path, policy: str = "mixed-fleet") -> dict[str, Any]:
     result = subprocess.run(
         [
             sys.executable,
             "-m",
             "hetero.framework.cli",
             "simulate",
-            str(REPO / "policies" / "sim" / "mixed-fleet.yaml"),
+            str(REPO / "policies" / "sim" / f"{policy}.yaml"),
             "--workload",
             str(workload),
             "--json",
@@ -48,3 +48,17 @@ def test_the_mixed_fleet_gives_identical_json_under_every_hash_seed(tmp_path: Pa
     runs = {seed: simulate(seed, workload) for seed in ("0", "1", "2")}
     assert runs["0"]["results"][0]["completed"] > 1000  # it did run the fleet
     assert runs["0"] == runs["1"] == runs["2"]
+
+
+def test_continuous_llm_batching_gives_identical_json_under_every_hash_seed(
+    tmp_path: Path,
+) -> None:
+    shipped = (REPO / "benchmarks" / "scenarios" / "ref-8xa100" / "workload.yaml").read_text()
+    assert "duration_s: 180" in shipped and "warmup_s: 30" in shipped
+    workload = tmp_path / "ref-8xa100-short.yaml"  # the DGX A100 and its mix, 15 s of clients
+    workload.write_text(
+        shipped.replace("duration_s: 180", "duration_s: 15").replace("warmup_s: 30", "warmup_s: 5")
+    )
+    runs = {seed: simulate(seed, workload, "8xa100") for seed in ("0", "1")}
+    assert runs["0"]["results"][0]["completed"] > 500  # it did run the LLM
+    assert runs["0"] == runs["1"]
