@@ -9,7 +9,7 @@ filter in front of LRU refuses the newcomers a recency stream asks for next. W-T
 
 - a small LRU **admission window** (1 % of the bytes at first) takes every new entry;
 - what falls out of the window is a candidate for the **main space**, a segmented LRU
-  (probation, and protected for entries hit while on probation, at most 80 % of the main space):
+  (probation, and protected for entries hit while on probation, at most 60 % of the main space):
   a candidate enters only if a count-min sketch of recent frequencies says it is asked for
   more often than the probation entry it would evict (a tie keeps the incumbent, unless the
   stream is led by recency: then a tie, or a candidate one count below, enters); otherwise the
@@ -54,7 +54,7 @@ __all__ = ["FrequencySketch", "MemoryTier"]
 MAX_COUNT = 15
 MAX_WIDTH_BITS = 16  # a key's four counters are four 16-bit pieces of its 64-bit hash
 WINDOW_START = 0.01
-PROTECTED_SHARE = 0.8
+PROTECTED_SHARE = 0.6  # of the main space (Caffeine: 0.8; docs/cache.md has the replay for both)
 READ_BUFFER = 64
 # No eviction batches: a write that takes the tier over budget evicts at once. Candidates that
 # wait in the window for a batch make a larger window, which cost up to 1.4 points of hit rate on
