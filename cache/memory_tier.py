@@ -294,8 +294,9 @@ class MemoryTier:
                 if count < wanted:
                     wanted = count
             wanted += 1  # the doorkeeper holds it now
-            sketch.added += 1
-            if sketch.added >= sketch.sample:
+            added = sketch.added + 1
+            sketch.added = added
+            if added >= sketch.sample:
                 sketch.halve()
                 wanted = -1  # the counts changed: read again below
             sizes = self._bytes
@@ -379,8 +380,9 @@ class MemoryTier:
                             )
                         ):
                             del data[victim]
-                            sizes[old[QUEUE]] -= old[SIZE]
-                            total -= old[SIZE]
+                            freed = old[SIZE]
+                            sizes[old[QUEUE]] -= freed
+                            total -= freed
                             evicted += 1
                         else:
                             source[victim] = old
