@@ -267,7 +267,7 @@ def _memory_costs() -> dict[str, Any]:
     value = decode(encode(VALUE))
     entries = 2000
     keys = [_digest(f"cost-{i}") for i in range(entries)]
-    tiers = {"memory_tier": MemoryTier(entries * size), "lru": _Lru(entries * size)}
+    tiers: dict[str, Any] = {"memory_tier": MemoryTier(entries * size), "lru": _Lru(entries * size)}
     hits: list[Callable[[], Any]] = []
     misses: list[Callable[[], Any]] = []
     for tier in tiers.values():
