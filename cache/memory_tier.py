@@ -61,7 +61,8 @@ READ_BUFFER = 64
 # the replay (docs/cache.md); a batch only moved the cost from the median write to the mean.
 SKETCH_PER_ENTRY = 16  # counters per row for each entry held: slow ageing, few collisions
 RECENCY_SLACK = 1  # on a recency stream a candidate this much less frequent still enters
-WARM = 6  # a warm candidate that loses still enters 1 time in 128 (Caffeine's jitter)
+WARM = 7  # a warm candidate (6 counts past the doorkeeper, Caffeine's threshold) that loses still
+# enters 1 time in 128 (Caffeine's jitter)
 
 # An entry is a list (cheaper to build and read than an object); these are its fields.
 VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOTS = range(6)
