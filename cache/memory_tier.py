@@ -306,9 +306,7 @@ class MemoryTier:
             if total <= max_bytes:
                 window[digest] = entry
                 sizes[WINDOW] += size
-            elif self._steering is None or self._reads:
-                # The first fill (the steering starts) or hits not yet in the sketch: the
-                # general path, which drains them before any duel.
+            elif self._steering is None:  # the first fill (the steering starts): _evict
                 if window or size <= self.window_max:
                     window[digest] = entry
                     sizes[WINDOW] += size
@@ -319,6 +317,9 @@ class MemoryTier:
                 # The common full-tier write, inlined (as _evict and _duel do it, without
                 # their calls and lists): one candidate, the window's oldest or the new entry
                 # itself when the window cannot hold it, duels with the main space's oldest.
+                if self._reads:  # duels see every request so far (after this write's count,
+                    self._drain()  # as in _evict)
+                    wanted = -1
                 window_max = self.window_max
                 candidate: bytes | None = None
                 if window or size <= window_max:
