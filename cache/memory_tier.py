@@ -150,6 +150,7 @@ class MemoryTier:
         self._protected: OrderedDict[bytes, list[Any]] = OrderedDict()
         self._queues = (self._window, self._probation, self._protected)
         self._bytes = [0, 0, 0]  # per queue
+        self._held = 0  # their sum, kept by every write and removal (one read per write)
         self.window_max = max(1, int(max_bytes * WINDOW_START))
         self._sketch = FrequencySketch(64)
         self._grow_at = self._sketch.width // SKETCH_PER_ENTRY  # entries that want a wider one
@@ -163,7 +164,7 @@ class MemoryTier:
     @property
     def size_bytes(self) -> int:
         """Bytes held."""
-        return sum(self._bytes)
+        return self._held
 
     def __len__(self) -> int:
         return len(self._data)
@@ -240,14 +241,13 @@ class MemoryTier:
         lock.acquire()
         try:
             data = self._data
+            steering = self._steering
             if digest in data:
                 self._remove(digest)
-            else:
-                steering = self._steering
-                if steering is not None and not digest[8] & steering.mask:
-                    change = steering.request(digest, size, False)
-                    if change:
-                        self._resize_window(self.window_max + change)
+            elif steering is not None and not digest[8] & steering.mask:
+                change = steering.request(digest, size, False)
+                if change:
+                    self._resize_window(self.window_max + change)
             # The digest's own bits (not hash(), which differs between processes): the same
             # stream gives the same decisions everywhere. The sketch's slots and the
             # doorkeeper use bytes 0-7, the steering's sample byte 8.
@@ -307,12 +307,13 @@ class MemoryTier:
                 sketch.halve()
                 wanted = -1  # the counts changed: read again below
             sizes = self._bytes
-            total = sizes[0] + sizes[1] + sizes[2] + size
+            total = self._held + size
             window = self._window
             if total <= max_bytes:
                 window[digest] = entry
                 sizes[WINDOW] += size
-            elif self._steering is None:  # the first fill (the steering starts): _evict
+                self._held = total
+            elif steering is None:  # the first fill (the steering starts): _evict
                 if window or size <= self.window_max:
                     window[digest] = entry
                     sizes[WINDOW] += size
@@ -361,7 +362,7 @@ class MemoryTier:
                             wanted = table[d]
                         wanted += held[HASH] in door
                     probation = self._probation
-                    recency = self._steering.recency
+                    recency = steering.recency
                     admitted = True
                     evicted = 0
                     while total > max_bytes:  # _duel, inlined
@@ -408,7 +409,8 @@ class MemoryTier:
                         evicted += 1
                     self.evictions += evicted
                     if total > max_bytes:
-                        self._drop_oldest(total)
+                        total = self._drop_oldest(total)
+                    self._held = total
             if len(data) > self._grow_at:
                 self._grow_sketch()
             return digest in data
@@ -448,7 +450,8 @@ class MemoryTier:
             wanted += entry[HASH] in door
             total = self._duel(digest, entry, wanted, total)
         if total > self.max_bytes:
-            self._drop_oldest(total)
+            total = self._drop_oldest(total)
+        self._held = total
 
     def _duel(self, digest: bytes, entry: list[Any], wanted: int, total: int) -> int:
         """While the tier is over budget (``total`` bytes with the candidate) the candidate,
@@ -521,8 +524,9 @@ class MemoryTier:
             leaving.reverse()
         return leaving
 
-    def _drop_oldest(self, total: int) -> None:
-        """No candidate left to duel: the oldest entries go until the tier fits."""
+    def _drop_oldest(self, total: int) -> int:
+        """No candidate left to duel: the oldest entries go until the tier fits (``total``
+        bytes with the candidates); the bytes held after."""
         data, sizes = self._data, self._bytes
         window, probation, protected = self._window, self._probation, self._protected
         while total > self.max_bytes:
@@ -532,6 +536,7 @@ class MemoryTier:
             sizes[held[QUEUE]] -= held[SIZE]
             total -= held[SIZE]
             self.evictions += 1
+        return total
 
     # --- window adaptation ------------------------------------------------------------------
 
@@ -577,6 +582,7 @@ class MemoryTier:
         if entry is not None:
             del self._queues[entry[QUEUE]][digest]
             self._bytes[entry[QUEUE]] -= entry[SIZE]
+            self._held -= entry[SIZE]
 
     def delete(self, digest: bytes) -> None:
         """Drop one entry."""
@@ -590,4 +596,5 @@ class MemoryTier:
             for queue in self._queues:
                 queue.clear()
             self._bytes = [0, 0, 0]
+            self._held = 0
             self._reads.clear()

@@ -158,7 +158,7 @@ def _check_queues(tier: MemoryTier) -> None:
         assert all(entry[QUEUE] == index for entry in queue.values())
         assert tier._bytes[index] == sum(entry[SIZE] for entry in queue.values())
         held += len(queue)
-    assert held == len(tier) and tier.size_bytes <= tier.max_bytes
+    assert held == len(tier) and tier.size_bytes == sum(tier._bytes) <= tier.max_bytes
 
 
 def test_full_tier_writes_keep_the_queues_and_their_bytes_exact() -> None:
