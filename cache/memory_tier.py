@@ -337,7 +337,7 @@ class MemoryTier:
                     else:
                         candidate, held = window.popitem(False)
                         sizes[WINDOW] -= held[SIZE]
-                        wanted = -1
+                        wanted = -1  # the candidate is an older entry: its own estimate below
                         if sizes[WINDOW] > window_max and window:  # several leave: _evict's
                             leaving = [(candidate, held)]
                             while sizes[WINDOW] > window_max and window:
