@@ -70,21 +70,21 @@ class WindowSteering:
         """Record one request for a sampled key; the bytes by which the window should change
         (0 until a period ends)."""
         shadow = self._shadow
-        lru_hit = digest in shadow
-        if lru_hit:
+        if digest in shadow:  # an LRU hit: it counts if the tier missed
             shadow.move_to_end(digest)
-        else:
+            if not tier_hit:
+                self._lru_hits += 1
+        else:  # an LRU miss: it counts if the tier hit
             shadow[digest] = size
-            self._bytes += size
-            while self._bytes > self._budget and shadow:
-                self._bytes -= shadow.popitem(last=False)[1]
-        if tier_hit != lru_hit:
+            held, budget = self._bytes + size, self._budget
+            while held > budget and shadow:
+                held -= shadow.popitem(False)[1]
+            self._bytes = held
             if tier_hit:
                 self._tier_hits += 1
-            else:
-                self._lru_hits += 1
-        self._requests += 1
-        if self._requests < max(PERIOD * len(shadow), MIN_PERIOD):
+        requests = self._requests + 1
+        self._requests = requests
+        if requests < MIN_PERIOD or requests < PERIOD * len(shadow):
             return 0
         tier, lru = self._tier_hits, self._lru_hits  # requests only one of them hit
         self._tier_hits = self._lru_hits = self._requests = 0

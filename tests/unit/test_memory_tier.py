@@ -146,3 +146,52 @@ def test_large_tiers_shadow_a_sample_of_the_keys() -> None:
     sampled = sum(not digest(f"s-{i}")[8] & steering.mask for i in range(20_000))
     assert 2**steering.shift == 32
     assert 20_000 / 32 * 0.8 < sampled < 20_000 / 32 * 1.2
+
+
+def _check_queues(tier: MemoryTier) -> None:
+    """Every entry is in the one queue it names, each queue's bytes are its entries' sizes,
+    and the tier is within its budget."""
+    from hetero.cache.memory_tier import QUEUE, SIZE
+
+    held = 0
+    for index, queue in enumerate(tier._queues):
+        assert all(entry[QUEUE] == index for entry in queue.values())
+        assert tier._bytes[index] == sum(entry[SIZE] for entry in queue.values())
+        held += len(queue)
+    assert held == len(tier) and tier.size_bytes == sum(tier._bytes) <= tier.max_bytes
+
+
+def test_full_tier_writes_keep_the_queues_and_their_bytes_exact() -> None:
+    # Writes on a full tier take the inlined path: one candidate (the window's oldest, or a new
+    # entry larger than the window) or several (a large entry pushes out small ones), duels
+    # that evict, rejections that put the victim back at probation's head, overwrites.
+    tier = MemoryTier(max_bytes=2_000)
+    keys = [digest(f"f-{i}") for i in range(300)]
+    for step in range(6_000):
+        key = keys[(step * step) % 97 if step % 3 else step % len(keys)]
+        if tier.get(key, 0.0) is None or step % 11 == 0:
+            tier.put(key, step, 1 + (step * 7919) % 150, 1e9)
+        if step % 50 == 0:
+            _check_queues(tier)
+    _check_queues(tier)
+    assert tier.rejections > 0 and tier.evictions > tier.rejections
+
+
+def test_a_lost_duel_leaves_the_victim_first_in_probation() -> None:
+    tier = MemoryTier(max_bytes=100)
+    hot = [digest(f"h-{i}") for i in range(100)]
+    for _ in range(3):  # every entry asked for three times: they outrank one-offs
+        for key in hot:
+            if tier.get(key, 0.0) is None:
+                tier.put(key, "v", 1, 1e9)
+    lost = 0
+    for index in range(50):
+        head = next(iter(tier._probation), None)
+        rejections = tier.rejections
+        one_off = digest(f"one-off-{index}")
+        tier.put(one_off, "v", 1, 1e9)
+        if tier.rejections > rejections and head is not None:
+            lost += 1
+            assert next(iter(tier._probation)) == head  # the victim kept its place
+        _check_queues(tier)
+    assert lost > 0
