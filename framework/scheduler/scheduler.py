@@ -37,6 +37,7 @@ from hetero.framework.scheduler.decisions import (
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
 from hetero.framework.scheduler.memory import MemoryManager
+from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.queues import QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
 from hetero.framework.scheduler.tables import StageTables, compute_groups
@@ -55,6 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PLACEMENTS = ("cost_model", "round_robin", "least_connections")
+SEARCHES = (None, "full", "bounded")
 DECISIONS_KEPT = 1024
 
 
@@ -76,7 +78,14 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         can_run: Callable[[str, str, str], bool] = _always,
         outputs_on_host: bool = False,
         eviction: str = "cost_aware",
+        search: str | None = None,
     ) -> None:
+        """``search``: ``"full"`` costs every device per decision, ``"bounded"`` searches
+        hosts by branch and bound (the same answer); None: bounded from
+        :data:`~hetero.framework.scheduler.placement.BOUNDED_SEARCH_MIN_DEVICES` devices."""
+        if search not in SEARCHES:
+            raise ValueError(f"unknown search {search!r} (known: full, bounded)")
+        self._search = search
         spec = policy.spec
         self.policy = policy
         self.clock = clock
@@ -145,6 +154,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         w = self.weights
         self._unit_weights = (w.queue, w.load, w.compute, w.transfer) == (1.0, 1.0, 1.0, 1.0)
         self._base_masks: dict[str, np.ndarray] = {}
+        self._fleet_searched(search)
         self.smoothing = spec.scheduler.measured_smoothing
         self.backlog = np.zeros(count)
         # Devices that are one host CPU seen through several runtimes (OpenVINO's CPU, ONNX
@@ -165,6 +175,13 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
+
+    def _fleet_searched(self, search: str | None) -> None:
+        """Whether placement searches by branch and bound on this fleet (one host: no)."""
+        count = len(self.devices)
+        large = count >= placement_module.BOUNDED_SEARCH_MIN_DEVICES
+        chosen = search == "bounded" or (search is None and large)
+        self._bounded_search = chosen and self.placement == "cost_model" and self.fleet.hosts > 1
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
@@ -259,6 +276,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._compute_group = compute_groups(self.devices)
         self._grouped = bool(len(set(self._compute_group.tolist())) < count)
         self._base_masks.clear()
+        self._fleet_searched(self._search)
         self._unblock()
 
     def add_stage(self, name: str, policy: Policy) -> None:
@@ -348,7 +366,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
         # where priority and aging decide what goes next. A model being drained for an
         # overdue task gets no new work there.
-        mask &= tables.pending < tables.limit
+        mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
         if self._drains:
             mask &= ~tables.draining
         found = None
@@ -381,6 +399,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.in_flight[index] += 1
         queued_behind = estimate / float(tables.slots[index])
         self.backlog[index] += queued_behind
+        self._backlog_moved(index)
         decision = PlacementDecision(
             task_id=task.id,
             stage=task.stage,
@@ -392,7 +411,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             load_s=terms["load"],
             compute_s=terms["compute"],
             transfer_s=terms["transfer"],
-            candidates=int(mask.sum()),
+            candidates=int(np.count_nonzero(mask)),
         )
         self.decisions.append(decision)
         if logger.isEnabledFor(logging.DEBUG):
@@ -470,6 +489,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         tables.pending[index] = max(0, tables.pending[index] - 1)
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
         self.backlog[index] = max(0.0, self.backlog[index] - dispatch.backlog_s)
+        self._backlog_moved(index)
         manager = self.memory[index]
         manager.kv_reserved = max(0, manager.kv_reserved - dispatch.kv_bytes)
         manager.end(dispatch.model_key, now)
