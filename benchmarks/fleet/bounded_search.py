@@ -135,5 +135,6 @@ def main() -> None:
         )
     print("load average:", _load())
 
+
 if __name__ == "__main__":
     main()

@@ -53,6 +53,7 @@ class StageCosts:
     load_s: FloatArray
     min_residency_s: float
     why_not: tuple[str, ...]  # per device: "" or the static reason it cannot run this
+    batch_s: tuple[tuple[float, ...], ...] = ()  # per device: the roofline of a batch of k
 
 
 class FleetCosts:
@@ -245,6 +246,8 @@ class FleetCosts:
         load = np.zeros(count)
         why_not: list[str] = []
         rows: dict[tuple[float, float], FloatArray] = {}  # a fleet has few kinds of device
+        batches: dict[tuple[float, float], tuple[float, ...]] = {}
+        batch_s: list[tuple[float, ...]] = []
         for i, device in enumerate(self.devices):
             peak = device.peak_flops_for(hint.dtype)
             bandwidth = device.memory_bandwidth_bytes_per_s
@@ -254,7 +257,9 @@ class FleetCosts:
                     hint.batch_seconds(peak, bandwidth, k) for k in range(1, hint.max_batch + 1)
                 ]
                 row = rows[(peak, bandwidth)] = np.diff(times)  # item 1 reads the weights
+                batches[(peak, bandwidth)] = tuple(times)
             marginal[i] = row
+            batch_s.append(batches[(peak, bandwidth)])
             load[i] = LOAD_INIT_S + hint.resident_bytes / host_link(device)[0]
             reason = ""
             if device.device_class.value not in allowed_classes:
@@ -275,4 +280,5 @@ class FleetCosts:
             load_s=load,
             min_residency_s=min_residency_s,
             why_not=tuple(why_not),
+            batch_s=tuple(batch_s),
         )

@@ -31,7 +31,10 @@ class PlacementMixin(SchedulerState):
 
     def _refresh_breakers(self, stage: str, now: float) -> np.ndarray:
         blocked = self._breaker_blocked[stage]
-        for index in list(self._not_closed[stage]):
+        not_closed = self._not_closed[stage]
+        if not not_closed:
+            return blocked
+        for index in list(not_closed):
             breaker = self._breakers[(stage, index)]
             blocked[index] = not breaker.allows(now)
             if breaker.state is BreakerState.CLOSED:
@@ -104,8 +107,7 @@ class PlacementMixin(SchedulerState):
             total = self._with_transfer(
                 self._before_transfer(backlog, tables.load_now, compute), transfer
             )
-            total[~mask] = np.inf
-            index = int(np.argmin(total))
+            index = int(np.where(mask, total, np.inf).argmin())
         terms = {
             "queue": float(backlog[index]),
             "load": float(tables.load_now[index]),
@@ -116,25 +118,27 @@ class PlacementMixin(SchedulerState):
 
     def _host_floor(self, tables: StageTables, backlog: np.ndarray) -> np.ndarray:
         """Per host, the least estimate before transfer over its devices (eligible or not, one
-        item), brought up to date for the hosts whose devices moved since the last call."""
+        item), brought up to date (with each device's, ``tables.local``) for the hosts whose
+        devices moved since the last call."""
         members = self.fleet.host_members
         floor = tables.host_floor
-        if floor is None:
-            hosts = members
-        elif tables.moved:
-            host_of = self.fleet.host_list
-            moved = list({host_of[index] for index in tables.moved})
-            hosts = members[moved]
-        else:
+        if floor is None or tables.local is None:
+            local = self._before_transfer(backlog, tables.load_now, tables.next_compute)
+            tables.local = local
+            tables.moved.clear()
+            floor = tables.host_floor = local[members].min(axis=1)
             return floor
+        if not tables.moved:
+            return floor
+        host_of = self.fleet.host_list
+        moved = list({host_of[index] for index in tables.moved})
         tables.moved.clear()
+        hosts = members[moved]
         local = self._before_transfer(
             backlog[hosts], tables.load_now[hosts], tables.next_compute[hosts]
         )
-        if floor is None:
-            floor = tables.host_floor = local.min(axis=1)
-        else:
-            floor[moved] = local.min(axis=1)
+        tables.local[hosts] = local
+        floor[moved] = local.min(axis=1)
         return floor
 
     def _transfer_floor(self, task: StageTask, tables: StageTables) -> tuple[float, set[int]]:
@@ -243,13 +247,13 @@ class PlacementMixin(SchedulerState):
     ) -> tuple[np.ndarray, np.ndarray]:
         """The full scan's estimates on the devices ``at`` (infinite where not in ``mask``;
         ``hosts``: they are those hosts' members), and their transfer terms."""
-        compute = tables.next_compute[at]
-        if task.items != 1:
-            compute = compute * task.items
-        local = self._before_transfer(backlog[at], tables.load_now[at], compute)
+        if task.items == 1 and tables.local is not None:
+            local = tables.local[at]  # brought up to date by _host_floor this decision
+        else:
+            compute = tables.next_compute[at] * task.items
+            local = self._before_transfer(backlog[at], tables.load_now[at], compute)
         transfer = self._transfer_at(task, tables, at, hosts)
-        total = self._with_transfer(local, transfer)
-        total[~mask[at]] = np.inf
+        total = np.where(mask[at], self._with_transfer(local, transfer), np.inf)
         return total, transfer
 
     def _eligible(

@@ -39,12 +39,14 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
-        passes = [frozenset[str]()]
-        if not (tables.resident & mask).any():
-            passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
         overdue = self._bounded and self.overdue(task, now)
-        for allow_young in passes:
-            candidates = mask.copy()
+        allow_young = frozenset[str]()
+        for second_pass in (False, True):
+            if second_pass:
+                if (tables.resident & mask).any():
+                    break
+                allow_young = frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2)
+            candidates = mask  # copied before the first device is struck off
             while (chosen := self._choose(task, tables, candidates)) is not None:
                 index, terms = chosen
                 plan = self.memory[index].plan(
@@ -57,6 +59,8 @@ class ResidencyMixin(PlacementMixin):
                 )
                 if plan is not None:
                     return index, terms, plan
+                if candidates is mask:
+                    candidates = mask.copy()
                 candidates[index] = False
         if overdue:
             self._start_drain(task, tables, mask, now, kv_bytes)

@@ -343,6 +343,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
     def set_health(self, device_id: str, healthy: bool) -> None:
         """Take a device out of placement, or put it back."""
         self.healthy[self.fleet.index[device_id]] = healthy
+        for tables in self.tables.values():
+            tables.fastest_s = None
         self._unblock()
         self._base_masks.clear()
 
@@ -498,11 +500,17 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self._unblock()
             return
         if ok and run_s > 0:
-            device = self.devices[index]
-            hint = tables.costs.hint
-            modelled = hint.batch_seconds(
-                device.peak_flops_for(hint.dtype), device.memory_bandwidth_bytes_per_s, batch_size
-            )
+            batches = tables.costs.batch_s[index]
+            if isinstance(batch_size, int) and 1 <= batch_size < len(batches):  # batch_seconds
+                modelled = batches[batch_size]
+            else:
+                device = self.devices[index]
+                hint = tables.costs.hint
+                modelled = hint.batch_seconds(
+                    device.peak_flops_for(hint.dtype),
+                    device.memory_bandwidth_bytes_per_s,
+                    batch_size,
+                )
             if modelled > 0:
                 ratio = run_s / modelled
                 correction = tables.correction

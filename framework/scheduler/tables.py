@@ -33,7 +33,9 @@ class StageTables:
     # The bounded search's per-host floor of the cost before transfer (None: not yet built),
     # and the devices whose entries moved since it was last brought up to date.
     host_floor: np.ndarray | None = None
+    local: np.ndarray | None = None  # each device's estimate before transfer, for the floors
     moved: set[int] = field(default_factory=set)
+    fastest_s: float | None = None  # the least unit_s over runnable healthy devices (None: stale)
 
     @classmethod
     def fresh(cls, costs: StageCosts, count: int) -> StageTables:
@@ -64,7 +66,10 @@ class StageTables:
         """Recompute one device's entries after its pending count, correction or residency moved."""
         slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
         self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
-        self.unit_s[index] = self.costs.marginal_s[index, 0] * self.correction[index]
+        unit = self.costs.marginal_s[index, 0] * self.correction[index]
+        if unit != self.unit_s[index]:
+            self.unit_s[index] = unit
+            self.fastest_s = None
         self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
         self.has_room[index] = self.pending[index] < self.limit[index]
         self.moved.add(index)
