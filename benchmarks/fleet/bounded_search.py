@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from hetero.framework.bench.scheduler import _task, bench_policy
-from hetero.framework.scheduler.clock import VirtualClock
-from hetero.framework.scheduler.scheduler import Dispatch, Scheduler
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.policy import load_policy
 from hetero.framework.scheduler import placement
+from hetero.framework.scheduler.clock import VirtualClock
+from hetero.framework.scheduler.scheduler import Dispatch, Scheduler
 from hetero.framework.simulator import load_workload
 from hetero.framework.simulator.report import table_rows
 from hetero.framework.simulator.run import simulate

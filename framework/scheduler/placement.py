@@ -126,8 +126,9 @@ class PlacementMixin(SchedulerState):
             local = self._before_transfer(backlog, tables.load_now, tables.next_compute)
             tables.local = local
             tables.moved.clear()
-            floor = tables.host_floor = local[members].min(axis=1)
-            return floor
+            least: np.ndarray = local[members].min(axis=1)
+            tables.host_floor = least
+            return least
         if not tables.moved:
             return floor
         host_of = self.fleet.host_list
@@ -169,12 +170,14 @@ class PlacementMixin(SchedulerState):
     ) -> np.ndarray:
         """:meth:`_transfer` on the devices ``at`` only: the same figures, entry by entry."""
         fleet = self.fleet
-        ingress = fleet.ingress_inverse_bandwidth[at]
+        ingress: np.ndarray = fleet.ingress_inverse_bandwidth[at]
         if not task.inputs:
             size = tables.costs.hint.input_bytes * task.items
-            return size * ingress
+            scaled: np.ndarray = size * ingress
+            return scaled
         if self.outputs_on_host:
-            return sum(h.size_bytes for h in task.inputs) * ingress
+            hosted: np.ndarray = sum(h.size_bytes for h in task.inputs) * ingress
+            return hosted
         total: np.ndarray | None = None
         for handle in task.inputs:
             src = fleet.index.get(handle.device_id)

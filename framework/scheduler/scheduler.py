@@ -26,6 +26,7 @@ from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
+from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
 from hetero.framework.scheduler.clock import Clock
 from hetero.framework.scheduler.costs import FleetCosts, StageCosts
@@ -37,7 +38,6 @@ from hetero.framework.scheduler.decisions import (
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
 from hetero.framework.scheduler.memory import MemoryManager
-from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.queues import QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
 from hetero.framework.scheduler.tables import StageTables, compute_groups
@@ -83,9 +83,6 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         """``search``: ``"full"`` costs every device per decision, ``"bounded"`` searches
         hosts by branch and bound (the same answer); None: bounded from
         :data:`~hetero.framework.scheduler.placement.BOUNDED_SEARCH_MIN_DEVICES` devices."""
-        if search not in SEARCHES:
-            raise ValueError(f"unknown search {search!r} (known: full, bounded)")
-        self._search = search
         spec = policy.spec
         self.policy = policy
         self.clock = clock
@@ -178,6 +175,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
 
     def _fleet_searched(self, search: str | None) -> None:
         """Whether placement searches by branch and bound on this fleet (one host: no)."""
+        if search not in SEARCHES:
+            raise ValueError(f"unknown search {search!r} (known: full, bounded)")
+        self._search = search
         count = len(self.devices)
         large = count >= placement_module.BOUNDED_SEARCH_MIN_DEVICES
         chosen = search == "bounded" or (search is None and large)

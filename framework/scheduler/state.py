@@ -53,6 +53,7 @@ class SchedulerState:
     _drains: dict[int, tuple[int, tuple[str, ...]]]
     _unit_weights: bool
     _bounded_search: bool
+    _search: str | None
     _base_masks: dict[str, np.ndarray]
     _compute_group: np.ndarray
     _grouped: bool

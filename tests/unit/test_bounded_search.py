@@ -113,19 +113,11 @@ def test_bounded_search_places_every_task_where_the_full_scan_does(
                 elif source >= 0:
                     inputs = (OutputHandle(ids[int(source) % len(ids)], None, int(size)),)
                 now = clock.now()
-                scheduler.enqueue(
-                    StageTask(
-                        "r",
-                        f"s{stage}",
-                        f"s{stage}",
-                        "full",
-                        str(qos),
-                        now,
-                        now + 1,
-                        inputs,
-                        items=int(items),
-                    )  # fmt: skip
+                task = StageTask(
+                    "r", f"s{stage}", f"s{stage}", "full", str(qos), now, now + 1, inputs
                 )
+                task.items = int(items)
+                scheduler.enqueue(task)
             elif op[0] == "dispatch":
                 outcome = scheduler.dispatch()
                 if isinstance(outcome, Dispatch):
