@@ -381,7 +381,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
-        self._end_drain(index)
+        if self._drains:
+            self._end_drain(index)
         manager = self.memory[index]
         kv_bytes = self.kv_bytes(task, tables)
         manager.kv_reserved += kv_bytes
@@ -389,7 +390,10 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
         resident_bytes = int(tables.resident_bytes[index])
-        manager.apply(plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s)
+        if plan.load or plan.evict:
+            manager.apply(
+                plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+            )
         manager.begin(costs.key, now)
         tables.resident[index] = True
         breaker = self._breakers.get((task.stage, index))
