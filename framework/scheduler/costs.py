@@ -74,7 +74,7 @@ class FleetCosts:
         bounds = np.searchsorted(self._host_of[order], np.arange(len(hosts) + 1))
         self._members = [order[bounds[h] : bounds[h + 1]] for h in range(len(hosts))]
         # The same as a [hosts, widest host] matrix for the bounded search: a host narrower
-        # than the widest repeats its first device (a repeat changes no minimum).
+        # than the widest repeats its own devices (a repeat changes no minimum).
         widest = max((len(m) for m in self._members), default=0)
         self.host_members = np.array(
             [np.resize(m, widest) for m in self._members], dtype=np.int64

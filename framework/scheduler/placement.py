@@ -88,7 +88,7 @@ class PlacementMixin(SchedulerState):
     def _choose(
         self, task: StageTask, tables: StageTables, mask: np.ndarray
     ) -> tuple[int, dict[str, float]] | None:
-        if not mask.any():
+        if not np.count_nonzero(mask):  # faster than ndarray.any() on small arrays
             return None
         backlog = self._group_backlog() if self._grouped else self.backlog
         if self.placement == "cost_model" and self._bounded_search and task.items >= 1:
@@ -271,8 +271,12 @@ class PlacementMixin(SchedulerState):
             if self._required[task.stage]:
                 base &= self._local[task.stage]
             self._base_masks[costs.key] = base
-        blocked = self._refresh_breakers(task.stage, now)
-        mask = base & ~blocked if self._not_closed[task.stage] else base.copy()
+        if self._not_closed[task.stage]:
+            blocked = self._refresh_breakers(task.stage, now)
+            mask = base & ~blocked
+        else:
+            blocked = self._breaker_blocked[task.stage]
+            mask = base.copy()
         for device_id in task.excluded:
             index = self.fleet.index.get(device_id)
             if index is not None:

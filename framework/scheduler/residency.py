@@ -39,11 +39,11 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
-        overdue = self._bounded and self.overdue(task, now)
+        overdue = self._bounded and now >= self.overdue_at(task)  # self.overdue(task, now)
         allow_young = frozenset[str]()
         for second_pass in (False, True):
             if second_pass:
-                if (tables.resident & mask).any():
+                if np.count_nonzero(tables.resident & mask):
                     break
                 allow_young = frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2)
             candidates = mask  # copied before the first device is struck off

@@ -60,6 +60,21 @@ SEARCHES = (None, "full", "bounded")
 DECISIONS_KEPT = 1024
 
 
+def _log_decision(task: StageTask, decision: PlacementDecision) -> None:
+    logger.debug(
+        "task %d %s/%s -> %s: %.3g s (queue %.3g, load %.3g, compute %.3g, transfer %.3g)",
+        task.id,
+        task.stage,
+        decision.variant,
+        decision.device_id,
+        decision.estimate_s,
+        decision.queue_s,
+        decision.load_s,
+        decision.compute_s,
+        decision.transfer_s,
+    )
+
+
 def _always(stage: str, variant: str, device_id: str) -> bool:
     return True
 
@@ -362,7 +377,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
         costs = tables.costs
         mask, blocked = self._eligible(task, costs, now)
-        if not mask.any():
+        if not np.count_nonzero(mask):
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
@@ -374,7 +389,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         found = None
         if task.stage in self._preferred:
             local = mask & self._local[task.stage]
-            if local.any():
+            if np.count_nonzero(local):
                 found = self._find_room(task, tables, local, now)  # where the stage prefers
         if found is None:
             found = self._find_room(task, tables, mask, now)
@@ -421,18 +436,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         )
         self.decisions.append(decision)
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "task %d %s/%s -> %s: %.3g s (queue %.3g, load %.3g, compute %.3g, transfer %.3g)",
-                task.id,
-                task.stage,
-                costs.variant,
-                decision.device_id,
-                decision.estimate_s,
-                decision.queue_s,
-                decision.load_s,
-                decision.compute_s,
-                decision.transfer_s,
-            )
+            _log_decision(task, decision)
         self.stats.counts["dispatches"] += 1
         if plan.load:
             self.stats.counts["loads"] += 1
