@@ -189,3 +189,42 @@ def test_routes_to_and_remote_floors_agree_with_the_full_rows() -> None:
         assert (
             row_latency[remote] + size * row_inverse[remote] >= floor_latency + size * floor_inverse
         ).all()
+
+
+def test_bounded_search_follows_devices_that_join_and_hints_that_change() -> None:
+    policy = load_policy_text(_policy(4, (1.0, 1.0, 1.0, 1.0), 2), "bounded")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    first, later = devices[: len(devices) // 2], devices[len(devices) // 2 :]
+    pair = []
+    for search in ("full", "bounded"):
+        clock = VirtualClock()
+        scheduler = Scheduler(policy, first, Topology(first), clock, search=search)
+        pair.append((clock, scheduler))
+    chosen: list[list[str]] = [[], []]
+
+    def place(count: int, ids: list[str]) -> None:
+        for n in range(count):
+            for side, (clock, scheduler) in enumerate(pair):
+                clock.advance(0.01)
+                now = clock.now()
+                source = (OutputHandle(ids[(7 * n) % len(ids)], None, 1 << 24),)
+                stage = f"s{n % 3}"
+                task = StageTask("r", stage, "x", "full", "standard", now, now + 1, source)
+                scheduler.enqueue(task)
+                outcome = scheduler.dispatch()
+                assert isinstance(outcome, Dispatch)
+                chosen[side].append(outcome.device_id)
+                if n % 2:
+                    scheduler.completed(outcome, ok=True, run_s=outcome.decision.compute_s * 2)
+
+    place(30, [d.id for d in first])
+    for _, scheduler in pair:
+        scheduler.add_devices(later, Topology(devices))
+        hint = scheduler.tables["s1/full"].costs.hint
+        scheduler.set_hint(
+            "s1", "full", dataclasses.replace(hint, flops_per_item=hint.flops_per_item / 8)
+        )
+    assert pair[1][1]._bounded_search
+    place(60, [d.id for d in devices])
+    assert chosen[0] == chosen[1]
+    assert any(device in {d.id for d in later} for device in chosen[1][30:])  # newcomers used
