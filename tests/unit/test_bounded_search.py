@@ -20,7 +20,7 @@ from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import placement
 from hetero.framework.scheduler.clock import VirtualClock
 from hetero.framework.scheduler.costs import FleetCosts
-from hetero.framework.scheduler.scheduler import Dispatch, Rejection, Scheduler
+from hetero.framework.scheduler.scheduler import Dispatch, Scheduler
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask
 from hetero.framework.topology import Topology
 
@@ -72,12 +72,50 @@ operation = st.one_of(
 )
 
 
+NOT_A_DECISION = "not a decision"
+
+
+def _apply(
+    op: tuple[object, ...],
+    clock: VirtualClock,
+    scheduler: Scheduler,
+    running: list[Dispatch],
+    ids: list[str],
+) -> object:
+    """Carry ``op`` out on one scheduler; a dispatch returns what it decided."""
+    clock.advance(0.01)
+    if op[0] == "enqueue":
+        _, stage, qos, source, items, size = op
+        inputs: tuple[OutputHandle, ...] = ()
+        if source == -2:
+            inputs = (OutputHandle("gone:0", None, int(str(size))),)
+        elif int(str(source)) >= 0:
+            inputs = (OutputHandle(ids[int(str(source)) % len(ids)], None, int(str(size))),)
+        now = clock.now()
+        task = StageTask("r", f"s{stage}", f"s{stage}", "full", str(qos), now, now + 1, inputs)
+        task.items = int(str(items))
+        scheduler.enqueue(task)
+    elif op[0] == "dispatch":
+        outcome = scheduler.dispatch()
+        if isinstance(outcome, Dispatch):
+            running.append(outcome)
+            return outcome.device_id, dataclasses.astuple(outcome.decision)[3:]
+        return type(outcome).__name__
+    elif op[0] == "complete" and running:
+        done = running.pop(int(str(op[1])) % len(running))
+        scheduler.completed(done, ok=True, run_s=done.decision.compute_s * float(str(op[2])))
+    elif op[0] == "health":
+        scheduler.set_health(ids[int(str(op[1])) % len(ids)], bool(op[2]))
+    return NOT_A_DECISION
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     hosts=st.integers(2, 5),
     weights=st.sampled_from([(1.0, 1.0, 1.0, 1.0), (0.5, 2.0, 1.0, 3.0), (1.0, 0.0, 1.0, 0.0)]),
     batch=st.integers(1, 3),
     outputs_on_host=st.booleans(),
+    shared_cpus=st.booleans(),
     operations=st.lists(operation, min_size=5, max_size=120),
 )
 def test_bounded_search_places_every_task_where_the_full_scan_does(
@@ -85,10 +123,18 @@ def test_bounded_search_places_every_task_where_the_full_scan_does(
     weights: tuple[float, float, float, float],
     batch: int,
     outputs_on_host: bool,
+    shared_cpus: bool,
     operations: list[tuple[object, ...]],
 ) -> None:
     policy = load_policy_text(_policy(hosts, weights, batch), "bounded")
     devices = simulated_devices(policy.spec.devices.simulated)
+    if shared_cpus:  # a host's CPU devices share its cores: their backlog is weighed together
+        devices = [
+            dataclasses.replace(d, properties={**d.properties, "shares_host_memory": True})
+            if d.device_class.value == "cpu"
+            else d
+            for d in devices
+        ]
     topology = Topology(devices)
     ids = [d.id for d in devices]
     pair = []
@@ -99,43 +145,12 @@ def test_bounded_search_places_every_task_where_the_full_scan_does(
         )
         pair.append((clock, scheduler, []))
     assert pair[1][1]._bounded_search and not pair[0][1]._bounded_search
-    placed = 0
+    assert pair[1][1]._grouped == shared_cpus
     for op in operations:
-        for clock, _, _ in pair:
-            clock.advance(0.01)
-        outcomes = []
-        for clock, scheduler, running in pair:
-            if op[0] == "enqueue":
-                _, stage, qos, source, items, size = op
-                inputs: tuple[OutputHandle, ...] = ()
-                if source == -2:
-                    inputs = (OutputHandle("gone:0", None, int(size)),)
-                elif source >= 0:
-                    inputs = (OutputHandle(ids[int(source) % len(ids)], None, int(size)),)
-                now = clock.now()
-                task = StageTask(
-                    "r", f"s{stage}", f"s{stage}", "full", str(qos), now, now + 1, inputs
-                )
-                task.items = int(items)
-                scheduler.enqueue(task)
-            elif op[0] == "dispatch":
-                outcome = scheduler.dispatch()
-                if isinstance(outcome, Dispatch):
-                    running.append(outcome)
-                    outcomes.append((outcome.device_id, dataclasses.astuple(outcome.decision)[3:]))
-                else:
-                    outcomes.append(type(outcome).__name__ if outcome is not None else None)
-                    if isinstance(outcome, Rejection):
-                        pass
-            elif op[0] == "complete" and running:
-                done = running.pop(int(op[1]) % len(running))
-                scheduler.completed(done, ok=True, run_s=done.decision.compute_s * float(op[2]))
-            elif op[0] == "health":
-                scheduler.set_health(ids[int(op[1]) % len(ids)], bool(op[2]))
-        if outcomes:
-            full, bounded = outcomes
-            assert full == bounded
-            placed += isinstance(full, tuple)
+        outcomes = [
+            _apply(op, clock, scheduler, running, ids) for clock, scheduler, running in pair
+        ]
+        assert outcomes[0] == outcomes[1]
     # Drain what is left: every remaining decision must agree too.
     while True:
         outcomes = [s.dispatch() for _, s, _ in pair]
