@@ -16,9 +16,9 @@ __all__ = ["BOUNDED_SEARCH_MIN_DEVICES", "PlacementMixin"]
 
 # From this many devices (and more than one host) cost-model placement searches hosts by branch
 # and bound instead of costing every device; the answer is the same. Measured side by side
-# (docs/cluster.md, fourth round): 0.7x the full scan's speed at 1,000 devices, even at 10,000,
-# 1.4x at 20,000 and 1.6x at 40,000.
-BOUNDED_SEARCH_MIN_DEVICES = 10_000
+# (docs/cluster.md, fourth round): 0.6-0.7x the full scan's speed at 1,000 devices, 0.9-1.05x
+# at 10,000, 1.3-1.4x at 20,000, 1.6-2.0x at 40,000.
+BOUNDED_SEARCH_MIN_DEVICES = 15_000
 
 
 class PlacementMixin(SchedulerState):
