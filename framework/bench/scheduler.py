@@ -26,7 +26,7 @@ from hetero.framework.scheduler.scheduler import Dispatch, Scheduler
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask
 from hetero.framework.topology import Topology
 
-__all__ = ["BenchResult", "bench_policy", "run_scheduler_bench"]
+__all__ = ["BenchResult", "bench_policy", "measure_decisions", "run_scheduler_bench"]
 
 PRESETS = (
     "A100-SXM4-80GB",
@@ -202,6 +202,32 @@ def _measure(
     )
 
 
+def _complete(pair: tuple[Scheduler, Any]) -> None:
+    scheduler, outcome = pair
+    if isinstance(outcome, Dispatch):
+        scheduler.completed(outcome, ok=True, run_s=outcome.decision.compute_s)
+
+
+def measure_decisions(
+    policy: Policy,
+    devices: list[Any],
+    topology: Topology,
+    queued: int,
+    decisions: int,
+    search: str | None = None,
+) -> BenchResult:
+    """hetero's decision latency with ``queued`` tasks waiting (``search``: the scheduler's
+    placement search, None: its default for the fleet's size)."""
+    return _measure(
+        "hetero" if search is None else f"hetero-{search}",
+        queued,
+        decisions,
+        lambda clock: Scheduler(policy, devices, topology, clock, search=search),
+        _complete,
+        [d.id for d in devices],
+    )
+
+
 def run_scheduler_bench(
     decisions: int = 3000, naive_decisions: int = 300, devices_count: int = 64
 ) -> list[BenchResult]:
@@ -211,23 +237,9 @@ def run_scheduler_bench(
     topology = Topology(devices)
     ids = [d.id for d in devices]
 
-    def complete(pair: tuple[Scheduler, Any]) -> None:
-        scheduler, outcome = pair
-        if isinstance(outcome, Dispatch):
-            scheduler.completed(outcome, ok=True, run_s=outcome.decision.compute_s)
-
     results = []
     for queued in QUEUE_LENGTHS:
-        results.append(
-            _measure(
-                "hetero",
-                queued,
-                decisions,
-                lambda clock: Scheduler(policy, devices, topology, clock),
-                complete,
-                ids,
-            )
-        )
+        results.append(measure_decisions(policy, devices, topology, queued, decisions))
         results.append(
             _measure(
                 "naive",

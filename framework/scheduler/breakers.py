@@ -115,6 +115,8 @@ class DeviceBreaker:
     _outcomes: deque[tuple[bool, bool]] = field(default_factory=deque)
     _probes_left: int = 0
     _probe_successes: int = 0
+    _errors: int = 0  # failed calls in the window, kept as outcomes come and go
+    _slow: int = 0  # slow calls in the window
 
     def allows(self, now: float) -> bool:
         """Whether a call may go through now (an open breaker half-opens after ``open_s``)."""
@@ -145,12 +147,16 @@ class DeviceBreaker:
                 self._move(BreakerState.CLOSED, now)
             return
         self._outcomes.append((ok, slow))
+        self._errors += not ok
+        self._slow += slow
         if len(self._outcomes) > self.config.window:
-            self._outcomes.popleft()
+            good, was_slow = self._outcomes.popleft()
+            self._errors -= not good
+            self._slow -= was_slow
         if self.state is BreakerState.CLOSED and len(self._outcomes) >= self.config.min_calls:
             calls = len(self._outcomes)
-            errors = sum(1 for good, _ in self._outcomes if not good) / calls
-            slow_rate = sum(1 for _, was_slow in self._outcomes if was_slow) / calls
+            errors = self._errors / calls
+            slow_rate = self._slow / calls
             if errors >= self.config.error_rate or slow_rate >= self.config.slow_call_rate:
                 self._move(BreakerState.OPEN, now)
 
@@ -162,3 +168,4 @@ class DeviceBreaker:
             self.opened_at = now
         if state is BreakerState.CLOSED:
             self._outcomes.clear()
+            self._errors = self._slow = 0

@@ -53,6 +53,7 @@ class StageCosts:
     load_s: FloatArray
     min_residency_s: float
     why_not: tuple[str, ...]  # per device: "" or the static reason it cannot run this
+    batch_s: tuple[tuple[float, ...], ...] = ()  # per device: the roofline of a batch of k
 
 
 class FleetCosts:
@@ -72,6 +73,12 @@ class FleetCosts:
         order = np.argsort(self._host_of, kind="stable")
         bounds = np.searchsorted(self._host_of[order], np.arange(len(hosts) + 1))
         self._members = [order[bounds[h] : bounds[h + 1]] for h in range(len(hosts))]
+        # The same as a [hosts, widest host] matrix for the bounded search: a host narrower
+        # than the widest repeats its own devices (a repeat changes no minimum).
+        widest = max((len(m) for m in self._members), default=0)
+        self.host_members = np.array(
+            [np.resize(m, widest) for m in self._members], dtype=np.int64
+        ).reshape(len(self._members), widest)
         # A device's host link carries the same figures up and down.
         up = [topology.host_hop(d.id) for d in self.devices]
         self._host_latency = np.array([hop.latency_s for hop in up])
@@ -94,13 +101,35 @@ class FleetCosts:
                     latency.append(0.0 + hops[0].latency_s)
                     inverse.append(0.0 + 1 / hops[0].bandwidth_bytes_per_s)
             if targets:
+                order = np.argsort(targets, kind="stable")  # sorted, for routes_to's lookup
                 self._direct[i] = (
-                    np.asarray(targets, dtype=np.int64),
-                    np.asarray(latency),
-                    np.asarray(inverse),
+                    np.asarray(targets, dtype=np.int64)[order],
+                    np.asarray(latency)[order],
+                    np.asarray(inverse)[order],
                 )
         self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
         self._rows: OrderedDict[int, tuple[FloatArray, FloatArray]] = OrderedDict()
+        # The least of every device's figures: floors of any route's last hop.
+        empty = not len(self.devices)
+        self._latency_least = 0.0 if empty else float(self._host_latency.min())
+        self._inverse_least = 0.0 if empty else float(self._host_inverse_bandwidth.min())
+        self.ingress_least = 0.0 if empty else float(self.ingress_inverse_bandwidth.min())
+        self._host_list: list[int] = self._host_of.tolist()
+        # Per device, the hosts a route from it reaches other than over the network: its own
+        # and those it has a direct link into.
+        self._near = [frozenset([self._host_list[i]]) for i in range(len(self.devices))]
+        for i, (targets_of_i, _, _) in self._direct.items():
+            self._near[i] = self._near[i] | frozenset(self._host_of[targets_of_i].tolist())
+
+    @property
+    def host_of(self) -> npt.NDArray[np.int64]:
+        """Each device's host number (rows of :attr:`host_members`)."""
+        return self._host_of
+
+    @property
+    def host_list(self) -> list[int]:
+        """:attr:`host_of` as a list, for lookups one device at a time."""
+        return self._host_list
 
     @property
     def hosts(self) -> int:
@@ -139,6 +168,50 @@ class FleetCosts:
             self._rows.popitem(last=False)
         return latency, inverse
 
+    def routes_to(
+        self, src: int, targets: npt.NDArray[np.int64], hosts: list[int] | None = None
+    ) -> tuple[FloatArray, FloatArray]:
+        """:meth:`routes_from`'s entries for the devices ``targets`` only (the same sums, so
+        the same figures), without building the fleet-wide row: a cached row is read.
+        ``hosts``: the targets are those hosts' devices (a shortcut when ``src`` reaches none
+        of them but over the network)."""
+        row = self._rows.get(src)
+        if row is not None:
+            return row[0][targets], row[1][targets]
+        up_latency = self._host_latency[src]
+        up_inverse = self._host_inverse_bandwidth[src]
+        last_latency = self._host_latency[targets]
+        last_inverse = self._host_inverse_bandwidth[targets]
+        latency = (up_latency + self._network_latency) + last_latency
+        inverse = (up_inverse + self._network_inverse_bandwidth) + last_inverse
+        if hosts is not None and self._near[src].isdisjoint(hosts):
+            return latency, inverse
+        same = self._host_of[targets] == self._host_of[src]
+        latency[same] = up_latency + last_latency[same]
+        inverse[same] = up_inverse + last_inverse[same]
+        direct = self._direct.get(src)
+        if direct is not None:
+            peers, direct_latency, direct_inverse = direct
+            slot = np.minimum(np.searchsorted(peers, targets), len(peers) - 1)
+            linked = peers[slot] == targets
+            latency[linked] = direct_latency[slot[linked]]
+            inverse[linked] = direct_inverse[slot[linked]]
+        itself = targets == src
+        latency[itself] = 0.0
+        inverse[itself] = 0.0
+        return latency, inverse
+
+    def remote_floor(self, src: int) -> tuple[float, float, frozenset[int]]:
+        """Floors under the latency and the inverse bandwidth of :meth:`routes_from`'s entries
+        (rounding included) from device ``src`` to every device outside the returned hosts:
+        its own and those it has a direct link into (the rest are reached over the network)."""
+        latency = float((self._host_latency[src] + self._network_latency) + self._latency_least)
+        inverse = float(
+            (self._host_inverse_bandwidth[src] + self._network_inverse_bandwidth)
+            + self._inverse_least
+        )
+        return latency, inverse, self._near[src]
+
     def route(self, src: int, dst: int) -> tuple[float, float]:
         """Latency and inverse bandwidth of the cheapest route from device ``src`` to ``dst``."""
         if src == dst:
@@ -173,6 +246,8 @@ class FleetCosts:
         load = np.zeros(count)
         why_not: list[str] = []
         rows: dict[tuple[float, float], FloatArray] = {}  # a fleet has few kinds of device
+        batches: dict[tuple[float, float], tuple[float, ...]] = {}
+        batch_s: list[tuple[float, ...]] = []
         for i, device in enumerate(self.devices):
             peak = device.peak_flops_for(hint.dtype)
             bandwidth = device.memory_bandwidth_bytes_per_s
@@ -182,7 +257,9 @@ class FleetCosts:
                     hint.batch_seconds(peak, bandwidth, k) for k in range(1, hint.max_batch + 1)
                 ]
                 row = rows[(peak, bandwidth)] = np.diff(times)  # item 1 reads the weights
+                batches[(peak, bandwidth)] = tuple(times)
             marginal[i] = row
+            batch_s.append(batches[(peak, bandwidth)])
             load[i] = LOAD_INIT_S + hint.resident_bytes / host_link(device)[0]
             reason = ""
             if device.device_class.value not in allowed_classes:
@@ -203,4 +280,5 @@ class FleetCosts:
             load_s=load,
             min_residency_s=min_residency_s,
             why_not=tuple(why_not),
+            batch_s=tuple(batch_s),
         )

@@ -39,10 +39,12 @@ class EstimatesMixin(SchedulerState):
         """The calibrated compute estimate of one item on the fastest device that can run the
         stage variant (infinity when none can)."""
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
-        runnable = tables.costs.runnable & self.healthy
-        if not runnable.any():
-            return float("inf")
-        return float(np.min(tables.unit_s, where=runnable, initial=np.inf))
+        fastest = tables.fastest_s  # kept until a device's unit time or health moves
+        if fastest is None:
+            runnable = tables.costs.runnable & self.healthy
+            fastest = float(np.min(tables.unit_s, where=runnable, initial=np.inf))
+            tables.fastest_s = fastest
+        return fastest
 
     def runnable_devices(self, stage: str, variant: str = "full") -> list[str]:
         """Devices that could ever run this stage variant."""

@@ -87,8 +87,10 @@ class StageQueue:
 
     def peek_key(self) -> float | None:
         """The next task's key, to compare heads across stages."""
-        self._drop_cancelled()
-        return -self._heap[0][0] if self._heap else None
+        heap = self._heap
+        if heap and heap[0][3].cancelled:  # the dispatch loop asks every stage per decision
+            self._drop_cancelled()
+        return -heap[0][0] if heap else None
 
     def pop(self) -> StageTask | None:
         """Take the task with the highest current priority."""

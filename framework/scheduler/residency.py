@@ -47,12 +47,14 @@ class ResidencyMixin(PlacementMixin):
         spread = self.placement == "cost_model" and self._continuous_llm()
         if spread:
             mask = self._continuous_spread(tables, mask, kv_bytes)
-        passes = [frozenset[str]()]
-        if not (tables.resident & mask).any():
-            passes.append(frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2))
-        overdue = self._bounded and self.overdue(task, now)
-        for allow_young in passes:
-            candidates = mask.copy()
+        overdue = self._bounded and now >= self.overdue_at(task)  # self.overdue(task, now)
+        allow_young = frozenset[str]()
+        for second_pass in (False, True):
+            if second_pass:
+                if np.count_nonzero(tables.resident & mask):
+                    break
+                allow_young = frozenset(k for k, t in self.tables.items() if t.resident.sum() >= 2)
+            candidates = mask  # copied before the first device is struck off
             while (chosen := self._choose(task, tables, candidates)) is not None:
                 index, terms = chosen
                 plan = self.memory[index].plan(
@@ -67,6 +69,8 @@ class ResidencyMixin(PlacementMixin):
                     if spread and kv_bytes:
                         self._kv_placed(costs.key)[index] = now
                     return index, terms, plan
+                if candidates is mask:
+                    candidates = mask.copy()
                 candidates[index] = False
         if overdue:
             self._start_drain(task, tables, mask, now, kv_bytes)

@@ -26,6 +26,7 @@ from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
+from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
 from hetero.framework.scheduler.clock import Clock
 from hetero.framework.scheduler.costs import FleetCosts, StageCosts
@@ -55,7 +56,23 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PLACEMENTS = ("cost_model", "round_robin", "least_connections")
+SEARCHES = (None, "full", "bounded")
 DECISIONS_KEPT = 1024
+
+
+def _log_decision(task: StageTask, decision: PlacementDecision) -> None:
+    logger.debug(
+        "task %d %s/%s -> %s: %.3g s (queue %.3g, load %.3g, compute %.3g, transfer %.3g)",
+        task.id,
+        task.stage,
+        decision.variant,
+        decision.device_id,
+        decision.estimate_s,
+        decision.queue_s,
+        decision.load_s,
+        decision.compute_s,
+        decision.transfer_s,
+    )
 
 
 def _always(stage: str, variant: str, device_id: str) -> bool:
@@ -76,7 +93,11 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         can_run: Callable[[str, str, str], bool] = _always,
         outputs_on_host: bool = False,
         eviction: str = "cost_aware",
+        search: str | None = None,
     ) -> None:
+        """``search``: ``"full"`` costs every device per decision, ``"bounded"`` searches
+        hosts by branch and bound (the same answer); None: bounded from
+        :data:`~hetero.framework.scheduler.placement.BOUNDED_SEARCH_MIN_DEVICES` devices."""
         spec = policy.spec
         self.policy = policy
         self.clock = clock
@@ -145,6 +166,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         w = self.weights
         self._unit_weights = (w.queue, w.load, w.compute, w.transfer) == (1.0, 1.0, 1.0, 1.0)
         self._base_masks: dict[str, np.ndarray] = {}
+        self._fleet_searched(search)
         self.smoothing = spec.scheduler.measured_smoothing
         self.backlog = np.zeros(count)
         # Devices that are one host CPU seen through several runtimes (OpenVINO's CPU, ONNX
@@ -166,6 +188,16 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
         self._kv_placed_at: dict[str, np.ndarray] = {}  # residency: continuous LLM spread
+
+    def _fleet_searched(self, search: str | None) -> None:
+        """Whether placement searches by branch and bound on this fleet (one host: no)."""
+        if search not in SEARCHES:
+            raise ValueError(f"unknown search {search!r} (known: full, bounded)")
+        self._search = search
+        count = len(self.devices)
+        large = count >= placement_module.BOUNDED_SEARCH_MIN_DEVICES
+        chosen = search == "bounded" or (search is None and large)
+        self._bounded_search = chosen and self.placement == "cost_model" and self.fleet.hosts > 1
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
@@ -260,6 +292,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._compute_group = compute_groups(self.devices)
         self._grouped = bool(len(set(self._compute_group.tolist())) < count)
         self._base_masks.clear()
+        self._fleet_searched(self._search)
         self._unblock()
 
     def add_stage(self, name: str, policy: Policy) -> None:
@@ -326,6 +359,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
     def set_health(self, device_id: str, healthy: bool) -> None:
         """Take a device out of placement, or put it back."""
         self.healthy[self.fleet.index[device_id]] = healthy
+        for tables in self.tables.values():
+            tables.fastest_s = None
         self._unblock()
         self._base_masks.clear()
 
@@ -343,26 +378,27 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         tables = self.tables.get(key) or self.tables[f"{task.stage}/full"]
         costs = tables.costs
         mask, blocked = self._eligible(task, costs, now)
-        if not mask.any():
+        if not np.count_nonzero(mask):
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
         # At most one batch's worth outstanding per (model, device): the rest stays queued,
         # where priority and aging decide what goes next. A model being drained for an
         # overdue task gets no new work there.
-        mask &= tables.pending < tables.limit
+        mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
         if self._drains:
             mask &= ~tables.draining
         found = None
         if task.stage in self._preferred:
             local = mask & self._local[task.stage]
-            if local.any():
+            if np.count_nonzero(local):
                 found = self._find_room(task, tables, local, now)  # where the stage prefers
         if found is None:
             found = self._find_room(task, tables, mask, now)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
-        self._end_drain(index)
+        if self._drains:
+            self._end_drain(index)
         manager = self.memory[index]
         kv_bytes = self.kv_bytes(task, tables)
         manager.kv_reserved += kv_bytes
@@ -370,7 +406,10 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self.tables[victim].resident[index] = False
             self.tables[victim].refresh(index)
         resident_bytes = int(tables.resident_bytes[index])
-        manager.apply(plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s)
+        if plan.load or plan.evict:
+            manager.apply(
+                plan, resident_bytes, float(costs.load_s[index]), now, costs.min_residency_s
+            )
         manager.begin(costs.key, now)
         tables.resident[index] = True
         breaker = self._breakers.get((task.stage, index))
@@ -382,6 +421,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.in_flight[index] += 1
         queued_behind = estimate / float(tables.slots[index])
         self.backlog[index] += queued_behind
+        self._backlog_moved(index)
         decision = PlacementDecision(
             task_id=task.id,
             stage=task.stage,
@@ -393,22 +433,11 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             load_s=terms["load"],
             compute_s=terms["compute"],
             transfer_s=terms["transfer"],
-            candidates=int(mask.sum()),
+            candidates=int(np.count_nonzero(mask)),
         )
         self.decisions.append(decision)
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "task %d %s/%s -> %s: %.3g s (queue %.3g, load %.3g, compute %.3g, transfer %.3g)",
-                task.id,
-                task.stage,
-                costs.variant,
-                decision.device_id,
-                decision.estimate_s,
-                decision.queue_s,
-                decision.load_s,
-                decision.compute_s,
-                decision.transfer_s,
-            )
+            _log_decision(task, decision)
         self.stats.counts["dispatches"] += 1
         if plan.load:
             self.stats.counts["loads"] += 1
@@ -471,6 +500,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         tables.pending[index] = max(0, tables.pending[index] - 1)
         self.in_flight[index] = max(0, self.in_flight[index] - 1)
         self.backlog[index] = max(0.0, self.backlog[index] - dispatch.backlog_s)
+        self._backlog_moved(index)
         manager = self.memory[index]
         manager.kv_reserved = max(0, manager.kv_reserved - dispatch.kv_bytes)
         manager.end(dispatch.model_key, now)
@@ -479,11 +509,17 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self._unblock()
             return
         if ok and run_s > 0:
-            device = self.devices[index]
-            hint = tables.costs.hint
-            modelled = hint.batch_seconds(
-                device.peak_flops_for(hint.dtype), device.memory_bandwidth_bytes_per_s, batch_size
-            )
+            batches = tables.costs.batch_s[index]
+            if isinstance(batch_size, int) and 1 <= batch_size < len(batches):  # batch_seconds
+                modelled = batches[batch_size]
+            else:
+                device = self.devices[index]
+                hint = tables.costs.hint
+                modelled = hint.batch_seconds(
+                    device.peak_flops_for(hint.dtype),
+                    device.memory_bandwidth_bytes_per_s,
+                    batch_size,
+                )
             if modelled > 0:
                 ratio = run_s / modelled
                 correction = tables.correction

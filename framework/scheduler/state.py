@@ -52,6 +52,8 @@ class SchedulerState:
     _bounded: bool
     _drains: dict[int, tuple[int, tuple[str, ...]]]
     _unit_weights: bool
+    _bounded_search: bool
+    _search: str | None
     _base_masks: dict[str, np.ndarray]
     _compute_group: np.ndarray
     _grouped: bool
@@ -62,6 +64,13 @@ class SchedulerState:
     _blocked_stages: set[str]
     _retry_blocked_at: float
     _kv_placed_at: dict[str, np.ndarray]
+
+    def _backlog_moved(self, index: int) -> None:
+        """Device ``index``'s backlog changed: the bounded search's host floors of every
+        stage must look at it again."""
+        if self._bounded_search:
+            for tables in self.tables.values():
+                tables.moved.add(index)
 
     def _unblock(self) -> None:
         """Something changed (a completion, health): every blocked stage may try again."""

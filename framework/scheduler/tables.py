@@ -4,7 +4,7 @@ operations, and which devices share their compute."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,13 @@ class StageTables:
     slots: np.ndarray  # batches a device runs at once (a task queues behind 1 / slots of it)
     resident_bytes: np.ndarray  # memory the model holds per device (an engine's KV cache too)
     draining: np.ndarray  # devices where this model gets no new work: an overdue task waits
+    has_room: np.ndarray  # pending below limit: the device may take one more task of it
+    # The bounded search's per-host floor of the cost before transfer (None: not yet built),
+    # and the devices whose entries moved since it was last brought up to date.
+    host_floor: np.ndarray | None = None
+    local: np.ndarray | None = None  # each device's estimate before transfer, for the floors
+    moved: set[int] = field(default_factory=set)
+    fastest_s: float | None = None  # the least unit_s over runnable healthy devices (None: stale)
 
     @classmethod
     def fresh(cls, costs: StageCosts, count: int) -> StageTables:
@@ -44,12 +51,14 @@ class StageTables:
             slots=np.ones(count, np.int64),
             resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
             draining=np.zeros(count, bool),
+            has_room=np.full(count, costs.hint.max_batch > 0, bool),
         )
 
     def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
         """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
         self.limit[index] = self.costs.hint.max_batch * slots
         self.slots[index] = slots
+        self.has_room[index] = self.pending[index] < self.limit[index]
         if resident_bytes is not None:
             self.resident_bytes[index] = resident_bytes
 
@@ -57,8 +66,13 @@ class StageTables:
         """Recompute one device's entries after its pending count, correction or residency moved."""
         slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
         self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
-        self.unit_s[index] = self.costs.marginal_s[index, 0] * self.correction[index]
+        unit = self.costs.marginal_s[index, 0] * self.correction[index]
+        if unit != self.unit_s[index]:
+            self.unit_s[index] = unit
+            self.fastest_s = None
         self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
+        self.has_room[index] = self.pending[index] < self.limit[index]
+        self.moved.add(index)
 
 
 def compute_groups(devices: Sequence[DeviceSpec]) -> np.ndarray:
