@@ -1,7 +1,7 @@
 """The engine on a real Ray cluster on loopback (``ray.cluster_utils.Cluster``, one for the
 module: a head lending its OpenVINO CPU device, a worker lending its ONNX Runtime one through a
 custom resource each, so the fleet is heterogeneous), real ONNX graphs and shipped models run by
-lane actors on the nodes. Run by ``make test-ray`` in its own venv; the tests run in file order
+device actors on the nodes. Run by ``make test-ray`` in its own venv; the tests run in file order
 (the last one removes and adds nodes)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
 from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.registry import default_registry
+from hetero.framework.remote import RemoteValue
 
 OBJECT_STORE = 80 * 2**20
 OPENVINO = "npu:openvino/CPU"
@@ -186,7 +187,7 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
     with Engine(policy, registry, GRAPHS, pinned=pinned) as engine:
         results = settle(submit_all(engine, 12))
         assert {(r.devices["encode"], r.devices["head"]) for r in results} == {(on_worker, on_head)}
-        # One lane actor per (stage, device) that ran, each holding 0.01 of its device.
+        # One actor per device that ran, each holding 0.01 of its device.
         after = ray.available_resources()
         for device in (OPENVINO, ONNXRUNTIME):
             name = f"hetero/{device}"
@@ -195,33 +196,38 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
         assert worker_host.resident("encode/full") and not worker_host.resident("head/full")
         assert head_host.resident("head/full")
 
-        # A stage's outputs stay on its node; a stage on the same node reads them there, one
-        # on another node pulls them through the object store; the front door never does.
+        # A stage's large outputs stay in its device's actor; the next stage on that device
+        # reads them in place, one on another node gets them from that actor (one call, Ray
+        # moves them between the nodes); the front door never holds them. Small ones come
+        # back with the answer.
         x = RNG.standard_normal((2, 16)).astype(np.float32)
         fmt = GraphFormat.ONNX
         made = worker_host.run_batch(engine.plugins["encode"], "encode/full", fmt, 0, [{"x": x}])
         (outputs,) = made.results
         assert isinstance(outputs, RayOutputs) and isinstance(outputs["h"], RayOutput)
         assert outputs["h"].shape == (2, WIDE) and outputs["h"].nbytes == 2 * WIDE * 4
-        ref = outputs["h"].ref
-        worker_id = str(next(iter(cluster.worker_nodes)).node_id)
-        head_id = str(cluster.head_node.node_id)
+        worker_actor = worker_host.actor
 
-        def holders() -> set[str]:
-            return set(ray.experimental.get_object_locations([ref])[ref]["node_ids"])
+        def kept() -> dict[str, int]:
+            return dict(ray.get(worker_actor.kept_stats.remote()))
 
-        assert holders() == {worker_id}
+        served = kept()["served"]
         plugin = engine.plugins["head"]
         same = worker_host.run_batch(plugin, "head/full", fmt, 0, [{"h": outputs["h"]}])
-        assert holders() == {worker_id}  # read where it lay
+        assert kept()["served"] == served  # read where it lay, not copied out
         other = head_host.run_batch(plugin, "head/full", fmt, 0, [{"h": outputs["h"]}])
-        assert holders() == {worker_id, head_id}  # pulled to the head's node by its lane
+        assert kept()["served"] == served + 1  # the head's actor asked the worker's for it
         for ran in (same, other):
             (y,) = ran.results
-            np.testing.assert_allclose(y.fetch()["y"], expected(x), rtol=1e-3, atol=1e-3)
-        lanes = [*worker_host.lanes.values(), *head_host.lanes.values()]
-        assert len(lanes) == 3  # encode on the worker, head on both
-    for lane in lanes:  # closing the engine ended its lane actors (ray.kill is asynchronous)
+            assert not isinstance(y, RemoteValue)  # 32 bytes: answered inline
+            np.testing.assert_allclose(y["y"], expected(x), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(outputs["h"].fetch(), np.maximum(x @ W1, 0), rtol=1e-4)
+        held = kept()["batches"]
+        del outputs, made  # the front door's last stand-ins of that batch: it is released
+        assert until(lambda: kept()["batches"] == held - 1)
+        assert worker_host.stages == {"encode", "head"} and head_host.stages == {"head"}
+        lanes = [worker_actor, head_host.actor]
+    for lane in lanes:  # closing the engine ended its actors (ray.kill is asynchronous)
         assert until(lambda lane=lane: lane_is_dead(lane))
 
 

@@ -1,0 +1,119 @@
+"""Stand-ins for outputs a Ray device actor keeps (:mod:`~hetero.framework.cluster.kept`): what
+the engine holds and passes to the next stage instead of the arrays themselves.
+
+Every stand-in of one batch shares a :class:`KeptBatch`: the actor that keeps it, its batch id
+and the device. The front door's copy releases the batch in that actor once it is dropped (the
+request is over and nothing else holds it); the copies a stage's payload carries to another
+actor release nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hetero.framework.errors import InputLostError
+from hetero.framework.remote import RemoteValue
+
+__all__ = ["KeptBatch", "RayOutput", "RayOutputs", "collect", "sources"]
+
+
+class KeptBatch:
+    """One batch of outputs kept in a device actor (``actor`` is its Ray handle)."""
+
+    def __init__(self, actor: Any, batch_id: str, device_id: str, owned: bool = True) -> None:
+        self.actor = actor
+        self.batch_id = batch_id
+        self.device_id = device_id
+        if owned:  # the front door's: its end releases the batch on the node
+            finalizer = weakref.finalize(self, _release, actor, batch_id)
+            finalizer.atexit = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return KeptBatch, (self.actor, self.batch_id, self.device_id, False)
+
+    def pick(self, picks: list[tuple[int, str | None]]) -> list[Any]:
+        """Outputs of this batch brought to the caller (an actor call)."""
+        import ray
+
+        found = ray.get(self.actor.pick.remote(self.batch_id, picks))
+        if found is None:
+            raise InputLostError((self.device_id,), "its kept outputs were dropped for room")
+        return list(found)
+
+
+def _release(actor: Any, batch_id: str) -> None:
+    with contextlib.suppress(Exception):  # Ray is shut down, or the actor gone: nothing to free
+        actor.release.remote(batch_id)
+
+
+class RayOutput(RemoteValue):
+    """One output (or one array of it) of an item a device actor ran, kept there."""
+
+    def __init__(
+        self, batch: KeptBatch, index: int, key: str | None, nbytes: int, shape: Any
+    ) -> None:
+        self.batch = batch
+        self.index = index
+        self.key = key
+        self.nbytes = nbytes
+        self.shape = tuple(shape)
+
+    @property
+    def device_id(self) -> str:
+        """The device whose actor keeps it."""
+        return self.batch.device_id
+
+    def fetch(self) -> Any:
+        (value,) = self.batch.pick([(self.index, self.key)])
+        return value
+
+
+class RayOutputs(Mapping[str, RayOutput], RemoteValue):
+    """A dict output of one item (a bare graph's named arrays), each array a :class:`RayOutput`:
+    the engine merges and filters it by name without fetching anything."""
+
+    def __init__(self, parts: dict[str, RayOutput], whole: RayOutput) -> None:
+        self._parts = parts
+        self._whole = whole
+        self.nbytes = sum(part.nbytes for part in parts.values())
+
+    def __getitem__(self, key: str) -> RayOutput:
+        return self._parts[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    @property
+    def device_id(self) -> str:
+        """The device whose actor keeps it."""
+        return self._whole.device_id
+
+    def fetch(self) -> Any:
+        return self._whole.fetch()
+
+
+def collect(value: Any, into: list[RayOutput]) -> None:
+    """Every :class:`RayOutput` in ``value`` (dicts, lists, tuples), into ``into``."""
+    if isinstance(value, RayOutputs):
+        into.extend(value.values())
+    elif isinstance(value, RayOutput):
+        into.append(value)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            collect(item, into)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            collect(item, into)
+
+
+def sources(value: Any) -> set[str]:
+    """Devices whose kept outputs ``value`` stands in for."""
+    found: list[RayOutput] = []
+    collect(value, found)
+    return {output.device_id for output in found}
