@@ -13,12 +13,14 @@ file knows Ray only through the handles it is handed: the cluster module makes i
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
 from hetero.framework.cluster.stand_ins import RayOutput, RayOutputs, collect
+from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
 from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
@@ -45,6 +47,8 @@ class LaneActor:
         self.models = DeviceModels(backend, backend.device(device_id))
         self.plugins: dict[str, StagePlugin] = {}
         self.kept = KeptStore()
+        self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
+        self._streams_lock = threading.Lock()
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -62,15 +66,63 @@ class LaneActor:
         return self.models.load(self._plugin(model_key), model_key, graph_format, threads)
 
     def run(
-        self, model_key: str, graph_format: GraphFormat, threads: int, payloads: list[Any]
+        self,
+        model_key: str,
+        graph_format: GraphFormat,
+        threads: int,
+        payloads: list[Any],
+        released: Sequence[str] = (),
     ) -> tuple[Any, ...]:
         """Run a batch: ``(load_s, run_s, a shape per item, batch id or None)``, or
         ``(LOST, why)`` when an input could not be read. Items too large to answer inline are
-        kept here under the batch id."""
+        kept here under the batch id. ``released``: kept batches the front door let go of."""
+        self.release(*released)
         try:
             local = self._resolve(payloads)
         except InputsGoneError as err:
             return LOST, str(err)
+        return self._run(model_key, graph_format, threads, local)
+
+    def run_streamed(
+        self,
+        model_key: str,
+        graph_format: GraphFormat,
+        threads: int,
+        payloads: list[Any],
+        released: Sequence[str] = (),
+        run_id: str = "",
+    ) -> Iterator[tuple[Any, ...]]:
+        """:meth:`run` for a batch with streamed generations (a streaming generator method):
+        ``("piece", item, text)`` as the pieces are made, then ``("done", run's answer)``;
+        :meth:`stop` ends item ``item`` of ``run_id`` early."""
+        self.release(*released)
+        try:
+            local = self._resolve(payloads)
+        except InputsGoneError as err:
+            yield "done", (LOST, str(err))
+            return
+        pieces = PieceQueue()
+        jobs = pieces.jobs(local)
+        with self._streams_lock:
+            self._streams[run_id] = pieces.stops
+        try:
+            yield from pieces.follow(lambda: self._run(model_key, graph_format, threads, jobs))
+        finally:
+            with self._streams_lock:
+                self._streams.pop(run_id, None)
+
+    def stop(self, run_id: str, item: int) -> bool:
+        """Stop item ``item``'s generation of the streamed run ``run_id`` (False: it ended)."""
+        with self._streams_lock:
+            stop = self._streams.get(run_id, {}).get(item)
+        if stop is None:
+            return False
+        stop.set()
+        return True
+
+    def _run(
+        self, model_key: str, graph_format: GraphFormat, threads: int, local: list[Any]
+    ) -> tuple[Any, ...]:
         plugin = self._plugin(model_key)
         ran = self.models.run_batch(plugin, model_key, graph_format, threads, local)
         shapes = [describe(result) for result in ran.results]
@@ -88,9 +140,10 @@ class LaneActor:
         """Kept outputs for a reader in another process (None: gone)."""
         return self.kept.pick(batch_id, picks)
 
-    def release(self, batch_id: str) -> None:
-        """Forget a kept batch (the front door dropped its last stand-in)."""
-        self.kept.release(batch_id)
+    def release(self, *batch_ids: str) -> None:
+        """Forget kept batches (the front door dropped their last stand-ins)."""
+        for batch_id in batch_ids:
+            self.kept.release(batch_id)
 
     def kept_stats(self) -> dict[str, int]:
         """What is kept here, and how often other processes read it."""

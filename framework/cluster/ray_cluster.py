@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,7 @@ class RayBackend(Backend):
         self._formats: dict[str, frozenset[GraphFormat]] = {}
         self._agent_of: dict[str, Any] = {}  # device id -> the node's agent actor
         self._node_of: dict[str, str] = {}
+        self._hosts: weakref.WeakSet[RayModelHost] = weakref.WeakSet()  # the heartbeat flushes
 
     def add(self, node_id: str, agent: Any, devices: list[tuple[DeviceSpec, Any]]) -> None:
         """Take in the devices one node's agent reported."""
@@ -121,12 +123,20 @@ class RayBackend(Backend):
         return _ray()
 
     def model_host(self, device: DeviceSpec) -> RayModelHost:
-        """The lane actors of ``device`` on its node."""
-        return RayModelHost(self, device)
+        """The actor of ``device`` on its node, holding its lanes."""
+        host = RayModelHost(self, device)
+        with self._lock:
+            self._hosts.add(host)
+        return host
 
     def poll_membership(self) -> list[DeviceSpec]:
         """The heartbeat: nodes Ray reports dead leave placement; agents start on nodes that
-        joined; their devices are returned."""
+        joined; their devices are returned. Idle devices release the kept outputs the front
+        door dropped since their last run."""
+        with self._lock:
+            hosts = list(self._hosts)
+        for host in hosts:
+            host.flush()
         if self._cluster is None:
             return []
         self._cluster.watch(lambda node: self.node_lost(node, f"node {node[:12]} left (heartbeat)"))

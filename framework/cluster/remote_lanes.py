@@ -13,6 +13,7 @@ stand-ins to pass on.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ class RayModelHost:
         self._resident: set[str] = set()
         self._lock = threading.Lock()
         self._starting = threading.Lock()
+        self._released: collections.deque[str] = collections.deque()  # sent with the next call
 
     @property
     def actor(self) -> Any:
@@ -163,17 +165,38 @@ class RayModelHost:
         if not live:
             return BatchRun(results, 0.0, 0.0)
         actor = self._actor(plugin, model_key.split("/", 1)[0])
-        answer = self._call(actor.run.remote(model_key, graph_format, threads, live))
+        released = self._drain()
+        answer = self._call(actor.run.remote(model_key, graph_format, threads, live, released))
         if answer[0] == LOST:
             found = tuple(sorted({d for p in live for d in sources(p)}))
             raise InputLostError(found, str(answer[1]))
         load_s, run_s, shapes, batch_id = answer
         with self._lock:
             self._resident.add(model_key)
-        batch = KeptBatch(actor, batch_id, self.device.id) if batch_id is not None else None
+        batch = None
+        if batch_id is not None:
+            batch = KeptBatch(actor, batch_id, self.device.id, self._released.append)
         made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
         ordered = [next(made) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
+
+    def _drain(self) -> list[str]:
+        """Kept batches the front door dropped since the last call (deque pops are atomic)."""
+        out = []
+        while self._released:
+            try:
+                out.append(self._released.popleft())
+            except IndexError:
+                break
+        return out
+
+    def flush(self) -> None:
+        """Release the dropped kept batches now, without waiting for the next run (the
+        heartbeat calls it for an idle device)."""
+        released = self._drain()
+        actor = self.actor
+        if released and actor is not None and self._backend.health(self.device.id) is None:
+            actor.release.remote(*released)
 
     def _lost_inputs(self, payload: Any) -> tuple[str, ...]:
         return tuple(sorted(d for d in sources(payload) if self._backend.health(d) is not None))

@@ -2,16 +2,16 @@
 the engine holds and passes to the next stage instead of the arrays themselves.
 
 Every stand-in of one batch shares a :class:`KeptBatch`: the actor that keeps it, its batch id
-and the device. The front door's copy releases the batch in that actor once it is dropped (the
-request is over and nothing else holds it); the copies a stage's payload carries to another
-actor release nothing.
+and the device. Once the front door's copy is dropped (the request is over and nothing else
+holds it) its batch id goes to ``on_drop``: the device's host sends the ids it gathered with its
+next call to that actor (no call of their own); the copies a stage's payload carries to
+another actor release nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hetero.framework.errors import InputLostError
@@ -23,16 +23,22 @@ __all__ = ["KeptBatch", "RayOutput", "RayOutputs", "collect", "sources"]
 class KeptBatch:
     """One batch of outputs kept in a device actor (``actor`` is its Ray handle)."""
 
-    def __init__(self, actor: Any, batch_id: str, device_id: str, owned: bool = True) -> None:
+    def __init__(
+        self,
+        actor: Any,
+        batch_id: str,
+        device_id: str,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
         self.actor = actor
         self.batch_id = batch_id
         self.device_id = device_id
-        if owned:  # the front door's: its end releases the batch on the node
-            finalizer = weakref.finalize(self, _release, actor, batch_id)
+        if on_drop is not None:  # the front door's: its end releases the batch on the node
+            finalizer = weakref.finalize(self, on_drop, batch_id)
             finalizer.atexit = False
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return KeptBatch, (self.actor, self.batch_id, self.device_id, False)
+        return KeptBatch, (self.actor, self.batch_id, self.device_id)
 
     def pick(self, picks: list[tuple[int, str | None]]) -> list[Any]:
         """Outputs of this batch brought to the caller (an actor call)."""
@@ -42,11 +48,6 @@ class KeptBatch:
         if found is None:
             raise InputLostError((self.device_id,), "its kept outputs were dropped for room")
         return list(found)
-
-
-def _release(actor: Any, batch_id: str) -> None:
-    with contextlib.suppress(Exception):  # Ray is shut down, or the actor gone: nothing to free
-        actor.release.remote(batch_id)
 
 
 class RayOutput(RemoteValue):

@@ -91,7 +91,7 @@ def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place(
     assert shapes == [("map", {"h": (WIDE * 4, (1, WIDE))})] and batch_id is not None
     assert lane.kept_stats() == {"batches": 1, "bytes": WIDE * 4, "served": 0, "dropped": 0}
     # The front door's stand-in, as it would reach this actor in the next stage's payload.
-    batch = KeptBatch(None, batch_id, f"{spec.id}@node-x", owned=False)
+    batch = KeptBatch(None, batch_id, f"{spec.id}@node-x")
     h = RayOutput(batch, 0, "h", WIDE * 4, (1, WIDE))
     _, _, (used,), _ = lane.run("use/full", GraphFormat.ONNX, 0, [{"h": h}])
     assert used[0] == "inline"
