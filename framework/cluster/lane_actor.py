@@ -49,6 +49,7 @@ class LaneActor:
         self.kept = KeptStore()
         self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
         self._streams_lock = threading.Lock()
+        self._stream_counts = {"started": 0, "stopped": 0}
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -105,6 +106,7 @@ class LaneActor:
         jobs = pieces.jobs(local)
         with self._streams_lock:
             self._streams[run_id] = pieces.stops
+            self._stream_counts["started"] += len(pieces.stops)
         try:
             yield from pieces.follow(lambda: self._run(model_key, graph_format, threads, jobs))
         finally:
@@ -115,10 +117,17 @@ class LaneActor:
         """Stop item ``item``'s generation of the streamed run ``run_id`` (False: it ended)."""
         with self._streams_lock:
             stop = self._streams.get(run_id, {}).get(item)
-        if stop is None:
-            return False
-        stop.set()
+            if stop is None or stop.is_set():
+                return False
+            stop.set()
+            self._stream_counts["stopped"] += 1
         return True
+
+    def stream_stats(self) -> dict[str, int]:
+        """Streamed generations started here, running now, and stopped by the front door."""
+        with self._streams_lock:
+            running = sum(len(stops) for stops in self._streams.values())
+            return {**self._stream_counts, "running": running}
 
     def _run(
         self, model_key: str, graph_format: GraphFormat, threads: int, local: list[Any]

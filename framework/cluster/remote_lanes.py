@@ -16,28 +16,28 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.cluster.lane_actor import LOST, LaneActor
 from hetero.framework.cluster.stand_ins import KeptBatch, RayOutput, RayOutputs, sources
+from hetero.framework.cluster.streams import on_wire
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.lanes import BatchRun
-from hetero.framework.errors import (
-    DeviceUnhealthyError,
-    InputLostError,
-    UnsupportedCapabilityError,
-)
+from hetero.framework.errors import DeviceUnhealthyError, InputLostError
 from hetero.framework.graph import GraphFormat
 from hetero.framework.stage_plugin import Generation, StagePlugin
 
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayBackend
 
-__all__ = ["LANE_SHARE", "RayModelHost", "device_resource"]
+__all__ = ["ACTOR_PREFIX", "LANE_SHARE", "RayModelHost", "device_resource"]
 
 logger = logging.getLogger(__name__)
 
 LANE_SHARE = 0.01  # of a device's resource, held by its actor while it lives
+ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this, the device id, a unique suffix
+STOP_POLL_S = 0.05  # how soon a streamed generation's stop reaches its node, at most
 LANE_CONCURRENCY = 16  # runs of the device's stages side by side, reads of its kept outputs
 
 
@@ -101,6 +101,8 @@ class RayModelHost:
             "max_concurrency": LANE_CONCURRENCY,
             "max_restarts": 0,
             "scheduling_strategy": strategy(node_id=self._node_id, soft=False),
+            # named, so an operator (or a test) can find a device's actor on the cluster
+            "name": f"{ACTOR_PREFIX}{self.device.id}:{uuid.uuid4().hex[:12]}",
         }
         if self._reserve:
             options["resources"] = {device_resource(self._local_id): LANE_SHARE}
@@ -109,12 +111,6 @@ class RayModelHost:
         return actor
 
     def _take_in(self, actor: Any, plugin: StagePlugin, stage: str) -> None:
-        if isinstance(plugin.probe_payload(), Generation):
-            raise UnsupportedCapabilityError(
-                f"{self.device.id}: stage {stage!r} streams its generation back piece by piece"
-                " through a callback in the front door, which cannot reach a Ray node yet;"
-                " serve it on an embedded engine"
-            )
         ray = self._backend.ray()
         try:
             self._call(actor.add_stage.remote(stage, plugin))
@@ -166,7 +162,15 @@ class RayModelHost:
             return BatchRun(results, 0.0, 0.0)
         actor = self._actor(plugin, model_key.split("/", 1)[0])
         released = self._drain()
-        answer = self._call(actor.run.remote(model_key, graph_format, threads, live, released))
+        wire, streams = on_wire(live)
+        if streams:  # pieces come back as they are made; the answer last
+            run_id = uuid.uuid4().hex
+            pieces = actor.run_streamed.options(num_returns="streaming").remote(
+                model_key, graph_format, threads, wire, released, run_id
+            )
+            answer = self._follow(actor, pieces, streams, run_id)
+        else:
+            answer = self._call(actor.run.remote(model_key, graph_format, threads, wire, released))
         if answer[0] == LOST:
             found = tuple(sorted({d for p in live for d in sources(p)}))
             raise InputLostError(found, str(answer[1]))
@@ -179,6 +183,29 @@ class RayModelHost:
         made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
         ordered = [next(made) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
+
+    def _follow(self, actor: Any, pieces: Any, streams: dict[int, Generation], run_id: str) -> Any:
+        """A streamed run's answer; on the way each piece goes to its generation's
+        ``on_piece``, and a generation whose ``stop`` is set is stopped on the node."""
+        ray = self._backend.ray()
+        stopping: set[int] = set()
+        while True:
+            ready, _ = ray.wait([pieces], timeout=STOP_POLL_S)
+            for item, job in streams.items():
+                if item not in stopping and job.stop.is_set():
+                    stopping.add(item)
+                    actor.stop.remote(run_id, item)  # not waited for: its pieces end
+            if not ready:
+                continue
+            try:
+                ref = next(pieces)
+            except StopIteration:
+                raise RuntimeError(f"{self.device.id}: a streamed run ended unanswered") from None
+            event = self._call(ref)
+            if event[0] == "done":
+                return event[1]
+            _, item, text = event
+            streams[item].on_piece(text)
 
     def _drain(self) -> list[str]:
         """Kept batches the front door dropped since the last call (deque pops are atomic)."""

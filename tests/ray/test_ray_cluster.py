@@ -31,14 +31,15 @@ from hetero.framework.remote import RemoteValue
 OBJECT_STORE = 80 * 2**20
 OPENVINO = "npu:openvino/CPU"
 ONNXRUNTIME = "npu:onnxruntime/CPUExecutionProvider"
+TORCH = "npu:torch/cpu"
 
 
-def node_args(device: str) -> dict[str, object]:
-    """A node that lends hetero one device."""
+def node_args(*devices: str) -> dict[str, object]:
+    """A node that lends hetero these devices."""
     return {
         "num_cpus": 1,
         "object_store_memory": OBJECT_STORE,
-        "resources": {f"hetero/{device}": 1},
+        "resources": {f"hetero/{device}": 1 for device in devices},
         "node_ip_address": "127.0.0.1",
         "include_dashboard": False,
     }
@@ -46,8 +47,9 @@ def node_args(device: str) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """The head (OpenVINO) and one worker (ONNX Runtime); tests may remove and add nodes."""
-    cluster = Cluster(initialize_head=True, head_node_args=node_args(OPENVINO))
+    """The head (OpenVINO, and torch for the LLM) and one worker (ONNX Runtime); tests may
+    remove and add nodes."""
+    cluster = Cluster(initialize_head=True, head_node_args=node_args(OPENVINO, TORCH))
     cluster.add_node(**node_args(ONNXRUNTIME))
     cluster.wait_for_nodes()
     yield cluster
@@ -161,11 +163,13 @@ def test_hetero_devices_lists_every_node_of_the_cluster(
     )
     assert result.returncode == 0, result.stderr
     devices = json.loads(result.stdout)["devices"]
-    by_node = {d["properties"]["node_id"]: d["properties"]["node_device"] for d in devices}
-    # Each node lends only the device it advertises a hetero/<device> resource for.
+    by_node: dict[str, set[str]] = {}
+    for d in devices:
+        by_node.setdefault(d["properties"]["node_id"], set()).add(d["properties"]["node_device"])
+    # Each node lends only the devices it advertises a hetero/<device> resource for.
     assert by_node == {
-        str(cluster.head_node.node_id): OPENVINO,
-        str(next(iter(cluster.worker_nodes)).node_id): ONNXRUNTIME,
+        str(cluster.head_node.node_id): {OPENVINO, TORCH},
+        str(next(iter(cluster.worker_nodes)).node_id): {ONNXRUNTIME},
     }
 
 
@@ -181,7 +185,7 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
     worker = short(str(next(iter(cluster.worker_nodes)).node_id))
     on_head = f"{OPENVINO}@{head}"
     on_worker = f"{ONNXRUNTIME}@{worker}"
-    assert {d.id for d in fleet.devices} == {on_head, on_worker}
+    assert {d.id for d in fleet.devices} == {on_head, on_worker, f"{TORCH}@{head}"}
     before = ray.available_resources()
     pinned = {"encode": "onnxruntime", "head": "openvino"}  # encode on the worker, head here
     with Engine(policy, registry, GRAPHS, pinned=pinned) as engine:
@@ -256,12 +260,19 @@ stages:
     model_version: all-minilm-l6-v2@1
     variants:
       full: {{max_batch: 32, max_delay_ms: 2}}
+  llm_generate:
+    modality: text
+    model_version: smollm2-135m-instruct@1
+    variants:
+      full: {{batchable: false, max_batch: 1}}
 pipelines:
   image_describe: {{steps: [{{stage: vision_encode}}]}}
+  chat: {{steps: [{{stage: llm_generate}}]}}
 routes:
   /v1/embeddings: text_embed
-server:
-  runtimes: {{vision_encode: openvino, text_embed: onnxruntime}}   # the head's, the worker's
+  /v1/chat/completions: chat
+server:   # the head's, the worker's, the head's
+  runtimes: {{vision_encode: openvino, text_embed: onnxruntime, llm_generate: torch}}
 qos:
   default_class: standard
   classes: {{standard: {{weight: 1, sla_tier: t}}}}
@@ -322,9 +333,11 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
         assert here.labels[0][0] in json.dumps(body["labels"][0])  # the top label, as run here
         (vision,) = body["hetero"]["stages"]
         assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
+        chat_streams_from_the_node_and_stops_when_the_client_leaves(url, served_actors(), head)
         assert {
             ("text_embed", f"{ONNXRUNTIME}@{worker}"),
             ("vision_encode", f"{OPENVINO}@{head}"),
+            ("llm_generate", f"{TORCH}@{head}"),
         } <= placements(url)
         # Control: while it serves, its node agents and lane actors are alive on the cluster.
         assert {"NodeAgent", "LaneActor"} <= {a["ActorClassName"] for a in served_actors()}
@@ -339,6 +352,52 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
             serve.wait()
     assert "Traceback" not in rest
     assert until(lambda: not served_actors()), served_actors()  # nothing of it is left
+
+
+def chat_streams_from_the_node_and_stops_when_the_client_leaves(
+    url: str, actors: list[dict[str, Any]], head: str
+) -> None:
+    """The LLM runs in the head's torch device actor: its pieces stream back through the front
+    door to the ``openai`` SDK as they are made, and a client that leaves mid-stream stops the
+    generation on the node (the actor's own count), not only the HTTP stream."""
+    import openai
+
+    from hetero.framework.cluster.remote_lanes import ACTOR_PREFIX
+
+    (name,) = [a["Name"] for a in actors if a["Name"].startswith(f"{ACTOR_PREFIX}{TORCH}@{head}:")]
+    lanes = ray.get_actor(name, namespace="hetero")
+
+    def streams() -> dict[str, int]:
+        return dict(ray.get(lanes.stream_stats.remote()))
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    before = streams()
+    stream = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    pieces = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) > 2 and "Paris" in "".join(pieces), pieces  # piece by piece, greedy
+    assert streams()["started"] == before["started"] + 1  # generated in the node's actor
+
+    story = [{"role": "user", "content": "Write a very long story about a dragon and a ship."}]
+    long = client.chat.completions.create(
+        model="smollm2-135m-instruct", max_tokens=512, temperature=0, stream=True, messages=story
+    )
+    got = 0
+    for chunk in long:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got == 3:
+            break
+    assert streams()["running"] == 1  # still generating on the node
+    long.close()  # the client leaves
+    assert until(lambda: streams()["running"] == 0), streams()
+    assert streams()["stopped"] == before["stopped"] + 1  # stopped there, not run to its end
 
 
 def ready_url(stderr: Any) -> str:
