@@ -15,6 +15,7 @@ Ray.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -81,8 +82,11 @@ class PieceQueue:
         for index, payload in enumerate(payloads):
             if isinstance(payload, WireGeneration):
                 stop = self.stops.setdefault(index, threading.Event())
-                out[index] = payload.rebuild(lambda text, i=index: self._queue.put((i, text)), stop)
+                out[index] = payload.rebuild(functools.partial(self._put, index), stop)
         return out
+
+    def _put(self, index: int, text: str) -> None:
+        self._queue.put((index, text))
 
     def follow(self, work: Callable[[], Any]) -> Iterator[tuple[Any, ...]]:
         """``("piece", item, text)`` for each piece, then ``("done", work())``."""
