@@ -69,7 +69,7 @@ class LaneActor:
     def run(
         self,
         model_key: str,
-        graph_format: GraphFormat,
+        graph_format: GraphFormat | str,
         threads: int,
         payloads: list[Any],
         released: Sequence[str] = (),
@@ -87,7 +87,7 @@ class LaneActor:
     def run_streamed(
         self,
         model_key: str,
-        graph_format: GraphFormat,
+        graph_format: GraphFormat | str,
         threads: int,
         payloads: list[Any],
         released: Sequence[str] = (),
@@ -130,10 +130,10 @@ class LaneActor:
             return {**self._stream_counts, "running": running}
 
     def _run(
-        self, model_key: str, graph_format: GraphFormat, threads: int, local: list[Any]
+        self, model_key: str, graph_format: GraphFormat | str, threads: int, local: list[Any]
     ) -> tuple[Any, ...]:
         plugin = self._plugin(model_key)
-        ran = self.models.run_batch(plugin, model_key, graph_format, threads, local)
+        ran = self.models.run_batch(plugin, model_key, GraphFormat(graph_format), threads, local)
         shapes = [describe(result) for result in ran.results]
         kept = [
             result if kind in ("map", "value") else None

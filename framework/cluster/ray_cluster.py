@@ -7,10 +7,10 @@ elsewhere), and asks each for its devices. A node that advertises custom resourc
 reserves a share of its device's resource; a node without any lends every device it has,
 unreserved. The devices come back renamed ``<backend>:<id>@<node>`` with ``host`` set to the
 node, so the topology model puts the network between nodes, and their ``backend`` is ``ray``:
-:class:`RayBackend`, whose devices' models live in lane actors on their node
+:class:`RayBackend`, whose devices' models live in one actor per device on their node
 (:mod:`~hetero.framework.cluster.remote_lanes`): the engine's scheduler, memory manager and
-front-door lanes stay as they are, a load or evict is an actor call, and a stage's outputs stay
-in its node's object store until the next stage (or the response) reads them.
+front-door lanes stay as they are, a load or evict is an actor call, and a stage's large outputs
+stay in its device's actor until the next stage (or the response) reads them.
 
 A node or actor that dies is a device failure: the call raises, every device of that node is
 marked unhealthy (the engine takes them out of placement after the batch), and the engine
@@ -156,7 +156,7 @@ class RayBackend(Backend):
 
 
 _NOT_HERE = (
-    "a Ray node's models are held by its lane actors (RayBackend.model_host), not loaded or"
+    "a Ray node's models are held by its device actors (RayBackend.model_host), not loaded or"
     " run in the front door"
 )
 

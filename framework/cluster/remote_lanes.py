@@ -166,11 +166,13 @@ class RayModelHost:
         if streams:  # pieces come back as they are made; the answer last
             run_id = uuid.uuid4().hex
             pieces = actor.run_streamed.options(num_returns="streaming").remote(
-                model_key, graph_format, threads, wire, released, run_id
+                model_key, graph_format.value, threads, wire, released, run_id
             )
             answer = self._follow(actor, pieces, streams, run_id)
         else:
-            answer = self._call(actor.run.remote(model_key, graph_format, threads, wire, released))
+            # the format by value: an enum costs Ray's serialiser a by-reference pickle
+            call = actor.run.remote(model_key, graph_format.value, threads, wire, released)
+            answer = self._call(call)
         if answer[0] == LOST:
             found = tuple(sorted({d for p in live for d in sources(p)}))
             raise InputLostError(found, str(answer[1]))
