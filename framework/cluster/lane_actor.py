@@ -13,6 +13,7 @@ file knows Ray only through the handles it is handed: the cluster module makes i
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -54,6 +55,10 @@ class LaneActor:
     def ready(self) -> bool:
         """Answers once the actor is up."""
         return True
+
+    def niceness(self) -> int:
+        """This process's CPU priority (Ray starts workers at 15 unless told otherwise)."""
+        return os.getpriority(os.PRIO_PROCESS, 0)
 
     def add_stage(self, stage: str, plugin: StagePlugin) -> None:
         """Take in a stage's plugin, set up on this node (idempotent per stage)."""

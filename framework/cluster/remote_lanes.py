@@ -36,6 +36,7 @@ __all__ = ["ACTOR_PREFIX", "LANE_SHARE", "RayModelHost", "device_resource"]
 logger = logging.getLogger(__name__)
 
 LANE_SHARE = 0.01  # of a device's resource, held by its actor while it lives
+ACTOR_NICENESS = 0  # a device actor's CPU priority: the front door's lanes', not Ray's 15
 ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this, the device id, a unique suffix
 STOP_POLL_S = 0.05  # how soon a streamed generation's stop reaches its node, at most
 LANE_CONCURRENCY = 16  # runs of the device's stages side by side, reads of its kept outputs
@@ -101,6 +102,9 @@ class RayModelHost:
             "max_concurrency": LANE_CONCURRENCY,
             "max_restarts": 0,
             "scheduling_strategy": strategy(node_id=self._node_id, soft=False),
+            # Ray starts workers at nice 15 (below its raylet); a device actor does what a lane
+            # thread does in one process, at the same priority, or a loaded node starves it
+            "runtime_env": {"env_vars": {"RAY_worker_niceness": str(ACTOR_NICENESS)}},
             # named, so an operator (or a test) can find a device's actor on the cluster
             "name": f"{ACTOR_PREFIX}{self.device.id}:{uuid.uuid4().hex[:12]}",
         }

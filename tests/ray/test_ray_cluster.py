@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster
 
 from hetero.framework.cluster.lane_actor import RayOutput, RayOutputs
 from hetero.framework.cluster.ray_cluster import RAY_BACKEND, connect, disconnect
+from hetero.framework.cluster.remote_lanes import ACTOR_NICENESS
 from hetero.framework.engine import Engine
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
@@ -211,6 +212,7 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
         assert isinstance(outputs, RayOutputs) and isinstance(outputs["h"], RayOutput)
         assert outputs["h"].shape == (2, WIDE) and outputs["h"].nbytes == 2 * WIDE * 4
         worker_actor = worker_host.actor
+        assert ray.get(worker_actor.niceness.remote()) == ACTOR_NICENESS  # not Ray's 15
 
         def kept() -> dict[str, int]:
             return dict(ray.get(worker_actor.kept_stats.remote()))
