@@ -207,11 +207,13 @@ def _read_elsewhere(
     """Other actors' kept outputs, one call per batch, all in flight at once."""
     import ray
 
-    calls = {bid: batch.actor.pick.remote(bid, picks) for bid, (batch, picks) in remote.items()}
     try:
+        calls = {bid: b.handle().pick.remote(bid, picks) for bid, (b, picks) in remote.items()}
         answers = dict(zip(calls, ray.get(list(calls.values())), strict=True))
     except ray.exceptions.RayError as err:  # the producer's actor or node is gone
         raise InputsGoneError(f"{type(err).__name__}: {err}") from err
+    except ValueError as err:  # no actor of that name (any more)
+        raise InputsGoneError(str(err)) from err
     values = {}
     for bid, found in answers.items():
         if found is None:

@@ -59,6 +59,7 @@ class RayModelHost:
         self._local_id = str(device.properties["node_device"])
         self._reserve = bool(device.properties.get("reserved"))
         self._handle: Any = None
+        self._name = ""
         self._stages: set[str] = set()
         self._resident: set[str] = set()
         self._lock = threading.Lock()
@@ -108,6 +109,7 @@ class RayModelHost:
             # named, so an operator (or a test) can find a device's actor on the cluster
             "name": f"{ACTOR_PREFIX}{self.device.id}:{uuid.uuid4().hex[:12]}",
         }
+        self._name = str(options["name"])
         if self._reserve:
             options["resources"] = {device_resource(self._local_id): LANE_SHARE}
         actor = ray.remote(LaneActor).options(**options).remote(self._local_id, self.device.id)
@@ -185,7 +187,7 @@ class RayModelHost:
             self._resident.add(model_key)
         batch = None
         if batch_id is not None:
-            batch = KeptBatch(actor, batch_id, self.device.id, self._released.append)
+            batch = KeptBatch(actor, batch_id, self.device.id, self._released.append, self._name)
         made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
         ordered = [next(made) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
