@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
-from hetero.framework.cluster.stand_ins import RayOutput, RayOutputs, collect
+from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
 from hetero.framework.graph import GraphFormat
@@ -208,7 +208,10 @@ def _read_elsewhere(
     import ray
 
     try:
-        calls = {bid: b.handle().pick.remote(bid, picks) for bid, (b, picks) in remote.items()}
+        calls = {
+            bid: b.handle().pick.options(concurrency_group=CONTROL_GROUP).remote(bid, picks)
+            for bid, (b, picks) in remote.items()
+        }
         answers = dict(zip(calls, ray.get(list(calls.values())), strict=True))
     except ray.exceptions.RayError as err:  # the producer's actor or node is gone
         raise InputsGoneError(f"{type(err).__name__}: {err}") from err

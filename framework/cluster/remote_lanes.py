@@ -20,7 +20,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.cluster.lane_actor import LOST, LaneActor
-from hetero.framework.cluster.stand_ins import KeptBatch, RayOutput, RayOutputs, sources
+from hetero.framework.cluster.stand_ins import (
+    CONTROL_GROUP,
+    CONTROL_THREADS,
+    KeptBatch,
+    RayOutput,
+    RayOutputs,
+    sources,
+)
 from hetero.framework.cluster.streams import on_wire
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.lanes import BatchRun
@@ -112,7 +119,8 @@ class RayModelHost:
         self._name = str(options["name"])
         if self._reserve:
             options["resources"] = {device_resource(self._local_id): LANE_SHARE}
-        actor = ray.remote(LaneActor).options(**options).remote(self._local_id, self.device.id)
+        lanes = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(LaneActor)
+        actor = lanes.options(**options).remote(self._local_id, self.device.id)
         self._call(actor.ready.remote())
         return actor
 
@@ -202,7 +210,8 @@ class RayModelHost:
             for item, job in streams.items():
                 if item not in stopping and job.stop.is_set():
                     stopping.add(item)
-                    actor.stop.remote(run_id, item)  # not waited for: its pieces end
+                    stop = actor.stop.options(concurrency_group=CONTROL_GROUP)
+                    stop.remote(run_id, item)  # not waited for: its pieces end
             if not ready:
                 continue
             try:
@@ -231,7 +240,7 @@ class RayModelHost:
         released = self._drain()
         actor = self.actor
         if released and actor is not None and self._backend.health(self.device.id) is None:
-            actor.release.remote(*released)
+            actor.release.options(concurrency_group=CONTROL_GROUP).remote(*released)
 
     def _lost_inputs(self, payload: Any) -> tuple[str, ...]:
         return tuple(sorted(d for d in sources(payload) if self._backend.health(d) is not None))

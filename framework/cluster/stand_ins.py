@@ -18,7 +18,15 @@ from typing import Any
 from hetero.framework.errors import InputLostError
 from hetero.framework.remote import RemoteValue
 
-__all__ = ["KeptBatch", "RayOutput", "RayOutputs", "collect", "sources"]
+__all__ = [
+    "CONTROL_GROUP",
+    "CONTROL_THREADS",
+    "KeptBatch",
+    "RayOutput",
+    "RayOutputs",
+    "collect",
+    "sources",
+]
 
 
 class KeptBatch:
@@ -64,12 +72,17 @@ class KeptBatch:
         """Outputs of this batch brought to the caller (an actor call)."""
         import ray
 
-        found = ray.get(self.handle().pick.remote(self.batch_id, picks))
+        pick = self.handle().pick.options(concurrency_group=CONTROL_GROUP)
+        found = ray.get(pick.remote(self.batch_id, picks))
         if found is None:
             raise InputLostError((self.device_id,), "its kept outputs were dropped for room")
         return list(found)
 
 
+# A device actor's own threads (a Ray concurrency group) for picks, stops and releases: runs
+# never take them, so a stop reaches a generation however many runs fill the other threads.
+CONTROL_GROUP = "control"
+CONTROL_THREADS = 4
 _handles: dict[str, Any] = {}  # device actors by name, in this process
 _handles_lock = threading.Lock()
 
