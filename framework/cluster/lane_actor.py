@@ -7,8 +7,9 @@ too large to go back with the answer are kept here (:class:`~hetero.framework.cl
 KeptStore`) under a batch id, and the front door gets their sizes and shapes and passes
 :class:`~hetero.framework.cluster.stand_ins.RayOutput` stand-ins on. A stand-in for another
 device's batch is read from that device's actor (one call, moved by Ray to this node); small
-results come back inline with the answer and travel as plain values. Like the node agent, this
-file knows Ray only through the handles it is handed: the cluster module makes it an actor.
+results come back inline with the answer and travel as plain values. The cluster module makes
+it an actor; this file imports ``ray`` only to read another actor's outputs, so it runs (and is
+tested) without Ray too.
 """
 
 from __future__ import annotations
