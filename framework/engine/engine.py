@@ -257,7 +257,7 @@ class Engine:
 
     def _host(self, device: DeviceSpec) -> ModelHost:
         """Where ``device``'s models are held: this process, or (a Ray node's device) the
-        lane actors its backend keeps on that node."""
+        device actor its backend keeps on that node."""
         backend = self.backends[device.backend]
         if backend.supports_model_hosts:
             self._remote_outputs = True  # outputs may stay on its node: fetch before use

@@ -72,7 +72,7 @@ class BatchRun:
 
 class ModelHost(Protocol):
     """Where one device's resident models are held and its stages' batches run: this process
-    (:class:`DeviceModels`) or a cluster node (a Ray lane actor per stage). Loads and
+    (:class:`DeviceModels`) or a cluster node (a Ray actor per device). Loads and
     evictions are the memory manager's decisions, carried out here."""
 
     device: DeviceSpec

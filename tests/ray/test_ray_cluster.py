@@ -1,7 +1,7 @@
 """The engine on a real Ray cluster on loopback (``ray.cluster_utils.Cluster``, one for the
 module: a head lending its OpenVINO CPU device, a worker lending its ONNX Runtime one through a
 custom resource each, so the fleet is heterogeneous), real ONNX graphs and shipped models run by
-lane actors on the nodes. Run by ``make test-ray`` in its own venv; the tests run in file order
+device actors on the nodes. Run by ``make test-ray`` in its own venv; the tests run in file order
 (the last one removes and adds nodes)."""
 
 from __future__ import annotations
@@ -21,23 +21,26 @@ from ray.cluster_utils import Cluster
 
 from hetero.framework.cluster.lane_actor import RayOutput, RayOutputs
 from hetero.framework.cluster.ray_cluster import RAY_BACKEND, connect, disconnect
+from hetero.framework.cluster.remote_lanes import ACTOR_NICENESS
 from hetero.framework.engine import Engine
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
 from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.registry import default_registry
+from hetero.framework.remote import RemoteValue
 
 OBJECT_STORE = 80 * 2**20
 OPENVINO = "npu:openvino/CPU"
 ONNXRUNTIME = "npu:onnxruntime/CPUExecutionProvider"
+TORCH = "npu:torch/cpu"
 
 
-def node_args(device: str) -> dict[str, object]:
-    """A node that lends hetero one device."""
+def node_args(*devices: str) -> dict[str, object]:
+    """A node that lends hetero these devices."""
     return {
         "num_cpus": 1,
         "object_store_memory": OBJECT_STORE,
-        "resources": {f"hetero/{device}": 1},
+        "resources": {f"hetero/{device}": 1 for device in devices},
         "node_ip_address": "127.0.0.1",
         "include_dashboard": False,
     }
@@ -45,8 +48,9 @@ def node_args(device: str) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """The head (OpenVINO) and one worker (ONNX Runtime); tests may remove and add nodes."""
-    cluster = Cluster(initialize_head=True, head_node_args=node_args(OPENVINO))
+    """The head (OpenVINO, and torch for the LLM) and one worker (ONNX Runtime); tests may
+    remove and add nodes."""
+    cluster = Cluster(initialize_head=True, head_node_args=node_args(OPENVINO, TORCH))
     cluster.add_node(**node_args(ONNXRUNTIME))
     cluster.wait_for_nodes()
     yield cluster
@@ -160,11 +164,13 @@ def test_hetero_devices_lists_every_node_of_the_cluster(
     )
     assert result.returncode == 0, result.stderr
     devices = json.loads(result.stdout)["devices"]
-    by_node = {d["properties"]["node_id"]: d["properties"]["node_device"] for d in devices}
-    # Each node lends only the device it advertises a hetero/<device> resource for.
+    by_node: dict[str, set[str]] = {}
+    for d in devices:
+        by_node.setdefault(d["properties"]["node_id"], set()).add(d["properties"]["node_device"])
+    # Each node lends only the devices it advertises a hetero/<device> resource for.
     assert by_node == {
-        str(cluster.head_node.node_id): OPENVINO,
-        str(next(iter(cluster.worker_nodes)).node_id): ONNXRUNTIME,
+        str(cluster.head_node.node_id): {OPENVINO, TORCH},
+        str(next(iter(cluster.worker_nodes)).node_id): {ONNXRUNTIME},
     }
 
 
@@ -180,13 +186,13 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
     worker = short(str(next(iter(cluster.worker_nodes)).node_id))
     on_head = f"{OPENVINO}@{head}"
     on_worker = f"{ONNXRUNTIME}@{worker}"
-    assert {d.id for d in fleet.devices} == {on_head, on_worker}
+    assert {d.id for d in fleet.devices} == {on_head, on_worker, f"{TORCH}@{head}"}
     before = ray.available_resources()
     pinned = {"encode": "onnxruntime", "head": "openvino"}  # encode on the worker, head here
     with Engine(policy, registry, GRAPHS, pinned=pinned) as engine:
         results = settle(submit_all(engine, 12))
         assert {(r.devices["encode"], r.devices["head"]) for r in results} == {(on_worker, on_head)}
-        # One lane actor per (stage, device) that ran, each holding 0.01 of its device.
+        # One actor per device that ran, each holding 0.01 of its device.
         after = ray.available_resources()
         for device in (OPENVINO, ONNXRUNTIME):
             name = f"hetero/{device}"
@@ -195,33 +201,39 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
         assert worker_host.resident("encode/full") and not worker_host.resident("head/full")
         assert head_host.resident("head/full")
 
-        # A stage's outputs stay on its node; a stage on the same node reads them there, one
-        # on another node pulls them through the object store; the front door never does.
+        # A stage's large outputs stay in its device's actor; the next stage on that device
+        # reads them in place, one on another node gets them from that actor (one call, Ray
+        # moves them between the nodes); the front door never holds them. Small ones come
+        # back with the answer.
         x = RNG.standard_normal((2, 16)).astype(np.float32)
         fmt = GraphFormat.ONNX
         made = worker_host.run_batch(engine.plugins["encode"], "encode/full", fmt, 0, [{"x": x}])
         (outputs,) = made.results
         assert isinstance(outputs, RayOutputs) and isinstance(outputs["h"], RayOutput)
         assert outputs["h"].shape == (2, WIDE) and outputs["h"].nbytes == 2 * WIDE * 4
-        ref = outputs["h"].ref
-        worker_id = str(next(iter(cluster.worker_nodes)).node_id)
-        head_id = str(cluster.head_node.node_id)
+        worker_actor = worker_host.actor
+        assert ray.get(worker_actor.niceness.remote()) == ACTOR_NICENESS  # not Ray's 15
 
-        def holders() -> set[str]:
-            return set(ray.experimental.get_object_locations([ref])[ref]["node_ids"])
+        def kept() -> dict[str, int]:
+            return dict(ray.get(worker_actor.kept_stats.remote()))
 
-        assert holders() == {worker_id}
+        served = kept()["served"]
         plugin = engine.plugins["head"]
         same = worker_host.run_batch(plugin, "head/full", fmt, 0, [{"h": outputs["h"]}])
-        assert holders() == {worker_id}  # read where it lay
+        assert kept()["served"] == served  # read where it lay, not copied out
         other = head_host.run_batch(plugin, "head/full", fmt, 0, [{"h": outputs["h"]}])
-        assert holders() == {worker_id, head_id}  # pulled to the head's node by its lane
+        assert kept()["served"] == served + 1  # the head's actor asked the worker's for it
         for ran in (same, other):
             (y,) = ran.results
-            np.testing.assert_allclose(y.fetch()["y"], expected(x), rtol=1e-3, atol=1e-3)
-        lanes = [*worker_host.lanes.values(), *head_host.lanes.values()]
-        assert len(lanes) == 3  # encode on the worker, head on both
-    for lane in lanes:  # closing the engine ended its lane actors (ray.kill is asynchronous)
+            assert not isinstance(y, RemoteValue)  # 32 bytes: answered inline
+            np.testing.assert_allclose(y["y"], expected(x), rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(outputs["h"].fetch(), np.maximum(x @ W1, 0), rtol=1e-4)
+        held = kept()["batches"]
+        del outputs, made  # the front door's last stand-ins of that batch: it is released
+        assert until(lambda: kept()["batches"] == held - 1)
+        assert worker_host.stages == {"encode", "head"} and head_host.stages == {"head"}
+        lanes = [worker_actor, head_host.actor]
+    for lane in lanes:  # closing the engine ended its actors (ray.kill is asynchronous)
         assert until(lambda lane=lane: lane_is_dead(lane))
 
 
@@ -250,12 +262,19 @@ stages:
     model_version: all-minilm-l6-v2@1
     variants:
       full: {{max_batch: 32, max_delay_ms: 2}}
+  llm_generate:
+    modality: text
+    model_version: smollm2-135m-instruct@1
+    variants:
+      full: {{batchable: false, max_batch: 1}}
 pipelines:
   image_describe: {{steps: [{{stage: vision_encode}}]}}
+  chat: {{steps: [{{stage: llm_generate}}]}}
 routes:
   /v1/embeddings: text_embed
-server:
-  runtimes: {{vision_encode: openvino, text_embed: onnxruntime}}   # the head's, the worker's
+  /v1/chat/completions: chat
+server:   # the head's, the worker's, the head's
+  runtimes: {{vision_encode: openvino, text_embed: onnxruntime, llm_generate: torch}}
 qos:
   default_class: standard
   classes: {{standard: {{weight: 1, sla_tier: t}}}}
@@ -316,9 +335,11 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
         assert here.labels[0][0] in json.dumps(body["labels"][0])  # the top label, as run here
         (vision,) = body["hetero"]["stages"]
         assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
+        chat_streams_from_the_node_and_stops_when_the_client_leaves(url, served_actors(), head)
         assert {
             ("text_embed", f"{ONNXRUNTIME}@{worker}"),
             ("vision_encode", f"{OPENVINO}@{head}"),
+            ("llm_generate", f"{TORCH}@{head}"),
         } <= placements(url)
         # Control: while it serves, its node agents and lane actors are alive on the cluster.
         assert {"NodeAgent", "LaneActor"} <= {a["ActorClassName"] for a in served_actors()}
@@ -333,6 +354,52 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
             serve.wait()
     assert "Traceback" not in rest
     assert until(lambda: not served_actors()), served_actors()  # nothing of it is left
+
+
+def chat_streams_from_the_node_and_stops_when_the_client_leaves(
+    url: str, actors: list[dict[str, Any]], head: str
+) -> None:
+    """The LLM runs in the head's torch device actor: its pieces stream back through the front
+    door to the ``openai`` SDK as they are made, and a client that leaves mid-stream stops the
+    generation on the node (the actor's own count), not only the HTTP stream."""
+    import openai
+
+    from hetero.framework.cluster.remote_lanes import ACTOR_PREFIX
+
+    (name,) = [a["Name"] for a in actors if a["Name"].startswith(f"{ACTOR_PREFIX}{TORCH}@{head}:")]
+    lanes = ray.get_actor(name, namespace="hetero")
+
+    def streams() -> dict[str, int]:
+        return dict(ray.get(lanes.stream_stats.remote()))
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    before = streams()
+    stream = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    pieces = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) > 2 and "Paris" in "".join(pieces), pieces  # piece by piece, greedy
+    assert streams()["started"] == before["started"] + 1  # generated in the node's actor
+
+    story = [{"role": "user", "content": "Write a very long story about a dragon and a ship."}]
+    long = client.chat.completions.create(
+        model="smollm2-135m-instruct", max_tokens=512, temperature=0, stream=True, messages=story
+    )
+    got = 0
+    for chunk in long:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got == 3:
+            break
+    assert streams()["running"] == 1  # still generating on the node
+    long.close()  # the client leaves
+    assert until(lambda: streams()["running"] == 0), streams()
+    assert streams()["stopped"] == before["stopped"] + 1  # stopped there, not run to its end
 
 
 def ready_url(stderr: Any) -> str:
