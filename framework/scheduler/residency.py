@@ -44,7 +44,7 @@ class ResidencyMixin(PlacementMixin):
         """
         costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
-        spread = self.placement == "cost_model" and self._continuous_llm()
+        spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()
         if spread:
             mask = self._continuous_spread(tables, mask, kv_bytes)
         overdue = self._bounded and now >= self.overdue_at(task)  # self.overdue(task, now)
@@ -75,6 +75,13 @@ class ResidencyMixin(PlacementMixin):
         if overdue:
             self._start_drain(task, tables, mask, now, kv_bytes)
         return None
+
+    def _index_kv_tables(self) -> None:
+        """Note which models have a KV cache (called whenever a table is made or replaced):
+        placement spreads only when one does, and only those tables are scanned for work."""
+        self._kv_keys = tuple(
+            key for key, tables in self.tables.items() if tables.costs.hint.kv_bytes_per_token
+        )
 
     def _continuous_llm(self) -> bool:
         return self.policy.spec.scheduler.batching.llm == "continuous"
@@ -115,9 +122,9 @@ class ResidencyMixin(PlacementMixin):
         if not mask.any():
             return mask
         busy = np.zeros_like(mask)
-        for key, other in self.tables.items():
-            if other.costs.hint.kv_bytes_per_token and key != tables.costs.key:
-                busy |= other.pending > 0
+        for key in self._kv_keys:
+            if key != tables.costs.key:
+                busy |= self.tables[key].pending > 0
         if not (busy & mask).any():
             return mask
         room = mask & tables.resident

@@ -26,6 +26,7 @@ from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
 from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
+from hetero.framework.policy.schema import StageConfig
 from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
 from hetero.framework.scheduler.clock import Clock
@@ -118,14 +119,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.tables: dict[str, StageTables] = {}
         self._fits: dict[tuple[str, int], tuple[int, int | None]] = {}
         for name, stage in spec.stages.items():
-            for variant_name, variant in stage.variants.items():
-                # No figures in the policy: the stage plugin's hint arrives with set_hint();
-                # until then the stage costs nothing (only its batch size is known).
-                hint = hint_from_variant(variant) or BandwidthHint(
-                    0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
-                )
-                costs = self._costs(name, variant_name, hint)
-                self.tables[costs.key] = StageTables.fresh(costs, count)
+            self._add_tables(name, stage, count)
+        self._index_kv_tables()
         classes = {
             name: QueueClass(weight=c.weight, bound=c.queue_bound)
             for name, c in spec.qos.classes.items()
@@ -199,6 +194,17 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         chosen = search == "bounded" or (search is None and large)
         self._bounded_search = chosen and self.placement == "cost_model" and self.fleet.hosts > 1
 
+    def _add_tables(self, name: str, stage: StageConfig, count: int) -> None:
+        """Fresh tables for each variant of stage ``name``. A variant without figures in the
+        policy costs nothing until the stage plugin's hint arrives with set_hint() (only its
+        batch size is known)."""
+        for variant_name, variant in stage.variants.items():
+            hint = hint_from_variant(variant) or BandwidthHint(
+                0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
+            )
+            costs = self._costs(name, variant_name, hint)
+            self.tables[costs.key] = StageTables.fresh(costs, count)
+
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
         residency = config.min_residency_s
@@ -227,6 +233,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
                 fresh.fit(index, *fit)
             fresh.refresh(index)
         self.tables[key] = fresh
+        self._index_kv_tables()
         self._base_masks.clear()
 
     def set_device_fit(
@@ -274,6 +281,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
                     grown.fit(index, *fit)
                 grown.refresh(index)
             self.tables[key] = grown
+        self._index_kv_tables()
         spec = self.policy.spec
         for name, stage_config in spec.stages.items():  # the newcomers' data locality
             reasons = [locality_mismatch(stage_config.locality, d) for d in devices]
@@ -305,12 +313,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         spec = policy.spec
         config = spec.stages[name]
         count = len(self.devices)
-        for variant_name, variant in config.variants.items():
-            hint = hint_from_variant(variant) or BandwidthHint(
-                0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
-            )
-            costs = self._costs(name, variant_name, hint)
-            self.tables[costs.key] = StageTables.fresh(costs, count)
+        self._add_tables(name, config, count)
+        self._index_kv_tables()
         classes = {
             n: QueueClass(weight=c.weight, bound=c.queue_bound) for n, c in spec.qos.classes.items()
         }

@@ -64,6 +64,7 @@ class SchedulerState:
     _blocked_stages: set[str]
     _retry_blocked_at: float
     _kv_placed_at: dict[str, np.ndarray]
+    _kv_keys: tuple[str, ...]
 
     def _backlog_moved(self, index: int) -> None:
         """Device ``index``'s backlog changed: the bounded search's host floors of every
