@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from hetero.framework.stage_plugin import StagePlugin
 
 __all__ = ["LOST", "ItemShape", "LaneActor", "RayOutput", "RayOutputs"]
 
+EARLY_STOPS = 1024  # stops kept for runs not registered yet, at most
 LOST = "lost"  # a run's answer when its inputs could not be read: their device or node is gone
 
 
@@ -52,6 +54,9 @@ class LaneActor:
         self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
         self._streams_lock = threading.Lock()
         self._stream_counts = {"started": 0, "stopped": 0}
+        # Stops that came before their run was registered here (a client that left while the
+        # run waited for a thread or its inputs): applied when it registers; bounded.
+        self._early_stops: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -113,16 +118,31 @@ class LaneActor:
         with self._streams_lock:
             self._streams[run_id] = pieces.stops
             self._stream_counts["started"] += len(pieces.stops)
+            for item, stop in pieces.stops.items():
+                if (run_id, item) in self._early_stops:
+                    del self._early_stops[(run_id, item)]
+                    stop.set()
+                    self._stream_counts["stopped"] += 1
         try:
             yield from pieces.follow(lambda: self._run(model_key, graph_format, threads, jobs))
-        finally:
+        finally:  # also when the front door dropped the stream: its generations end too
             with self._streams_lock:
-                self._streams.pop(run_id, None)
+                for stop in self._streams.pop(run_id, {}).values():
+                    stop.set()
 
     def stop(self, run_id: str, item: int) -> bool:
-        """Stop item ``item``'s generation of the streamed run ``run_id`` (False: it ended)."""
+        """Stop item ``item``'s generation of the streamed run ``run_id``; True if it was
+        running and is stopped now. A run not registered here yet is stopped as it registers
+        (a stop for a run that already ended is kept too, and dropped after
+        :data:`EARLY_STOPS` later ones)."""
         with self._streams_lock:
-            stop = self._streams.get(run_id, {}).get(item)
+            stops = self._streams.get(run_id)
+            if stops is None:  # not registered yet: kept for when it is
+                self._early_stops[(run_id, item)] = None
+                while len(self._early_stops) > EARLY_STOPS:
+                    self._early_stops.popitem(last=False)
+                return False
+            stop = stops.get(item)
             if stop is None or stop.is_set():
                 return False
             stop.set()

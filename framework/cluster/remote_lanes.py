@@ -205,24 +205,39 @@ class RayModelHost:
         ``on_piece``, and a generation whose ``stop`` is set is stopped on the node."""
         ray = self._backend.ray()
         stopping: set[int] = set()
-        while True:
-            ready, _ = ray.wait([pieces], timeout=STOP_POLL_S)
-            for item, job in streams.items():
-                if item not in stopping and job.stop.is_set():
-                    stopping.add(item)
-                    stop = actor.stop.options(concurrency_group=CONTROL_GROUP)
-                    stop.remote(run_id, item)  # not waited for: its pieces end
-            if not ready:
-                continue
-            try:
-                ref = next(pieces)
-            except StopIteration:
-                raise RuntimeError(f"{self.device.id}: a streamed run ended unanswered") from None
-            event = self._call(ref)
-            if event[0] == "done":
-                return event[1]
-            _, item, text = event
-            streams[item].on_piece(text)
+
+        def stop(item: int) -> None:
+            stopping.add(item)
+            call = actor.stop.options(concurrency_group=CONTROL_GROUP)
+            call.remote(run_id, item)  # not waited for: its pieces end
+
+        try:
+            while True:
+                ready, _ = ray.wait([pieces], timeout=STOP_POLL_S)
+                for item, job in streams.items():
+                    if item not in stopping and job.stop.is_set():
+                        stop(item)
+                if not ready:
+                    continue
+                try:
+                    ref = next(pieces)
+                except StopIteration:
+                    raise RuntimeError(
+                        f"{self.device.id}: a streamed run ended unanswered"
+                    ) from None
+                event = self._call(ref)
+                if event[0] == "done":
+                    return event[1]
+                _, item, text = event
+                streams[item].on_piece(text)
+        except BaseException:  # nobody reads the rest: the node must not decode it for nobody
+            for item in streams:
+                if item not in stopping:
+                    try:
+                        stop(item)
+                    except Exception:  # the actor is gone: nothing is decoding
+                        logger.debug("%s: stop of %s not sent", self.device.id, run_id)
+            raise
 
     def _drain(self) -> list[str]:
         """Kept batches the front door dropped since the last call (deque pops are atomic)."""

@@ -72,8 +72,11 @@ class KeptBatch:
         """Outputs of this batch brought to the caller (an actor call)."""
         import ray
 
-        pick = self.handle().pick.options(concurrency_group=CONTROL_GROUP)
-        found = ray.get(pick.remote(self.batch_id, picks))
+        try:
+            pick = self.handle().pick.options(concurrency_group=CONTROL_GROUP)
+            found = ray.get(pick.remote(self.batch_id, picks))
+        except (ray.exceptions.RayError, ValueError) as err:  # its actor died, or is unknown
+            raise InputLostError((self.device_id,), f"its device actor is gone ({err})") from err
         if found is None:
             raise InputLostError((self.device_id,), "its kept outputs were dropped for room")
         return list(found)

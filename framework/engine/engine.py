@@ -1104,12 +1104,23 @@ class Engine:
             self._offer(task, offered, outcome.output)  # outside the lock: it does I/O
         if not finished:
             return
+        self._answer(state, error)
+
+    def _answer(self, state: RequestState, error: BaseException | None) -> None:
+        """Settle a finished request's future: its error, or its outputs fetched."""
+        if error is None:
+            try:
+                result = self._result(state)
+            except Exception as err:  # a final output that could not be fetched (its node
+                # left, its keeper dropped it): the request fails with that, the lane lives on
+                logger.warning("request %s: outputs not fetched: %s", state.request_id, err)
+                error = err
         if error is not None:
             self.metrics.outcomes.labels(state.route, "failed").inc()
             _settle(state.future, error=error)
             return
         self.metrics.outcomes.labels(state.route, "ok").inc()
-        _settle(state.future, result=self._result(state))
+        _settle(state.future, result=result)
 
     def _result(self, state: RequestState) -> EngineResult:
         stages = self.policy.spec.stages

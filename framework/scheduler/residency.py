@@ -40,14 +40,40 @@ class ResidencyMixin(PlacementMixin):
         Minimum residency stops thrash, but must not starve a model with no replica free to
         take the task (none at all, or every one at its batch limit): then a second pass may
         evict young idle models that have another replica elsewhere (never the last copy of a
-        model, which would only move the thrash).
+        model, which would only move the thrash). With LLMs batching continuously the spread
+        (:meth:`_continuous_spread`) narrows the candidates first; the others are tried when
+        none of those has room, before an overdue task drains a device.
         """
-        costs = tables.costs
         kv_bytes = self.kv_bytes(task, tables)
-        spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()
-        if spread:
-            mask = self._continuous_spread(tables, mask, kv_bytes)
         overdue = self._bounded and now >= self.overdue_at(task)  # self.overdue(task, now)
+        wide = mask
+        spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()
+        if spread:  # the spread narrows the candidates; the rest stay a fallback
+            mask = self._continuous_spread(tables, mask, kv_bytes)
+        found = self._room_in(task, tables, mask, now, kv_bytes, overdue)
+        if found is None and mask is not wide:
+            found = self._room_in(task, tables, wide, now, kv_bytes, overdue)
+        if found is not None:
+            if spread and kv_bytes:
+                self._kv_placed(tables.costs.key)[found[0]] = now
+            return found
+        if overdue:
+            self._start_drain(task, tables, wide, now, kv_bytes)
+        return None
+
+    def _room_in(
+        self,
+        task: StageTask,
+        tables: StageTables,
+        mask: np.ndarray,
+        now: float,
+        kv_bytes: int,
+        overdue: bool,
+    ) -> tuple[int, dict[str, float], LoadPlan] | None:
+        """:meth:`_find_room` over the devices of ``mask``: the first pass keeps young
+        models, the second (only when no candidate holds the model) may evict a young one
+        that has a replica elsewhere."""
+        costs = tables.costs
         allow_young = frozenset[str]()
         for second_pass in (False, True):
             if second_pass:
@@ -66,14 +92,10 @@ class ResidencyMixin(PlacementMixin):
                     kv_bytes=kv_bytes,
                 )
                 if plan is not None:
-                    if spread and kv_bytes:
-                        self._kv_placed(costs.key)[index] = now
                     return index, terms, plan
                 if candidates is mask:
                     candidates = mask.copy()
                 candidates[index] = False
-        if overdue:
-            self._start_drain(task, tables, mask, now, kv_bytes)
         return None
 
     def _index_kv_tables(self) -> None:

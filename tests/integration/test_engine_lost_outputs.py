@@ -50,7 +50,11 @@ class Kept(RemoteValue):
         self.nbytes, self.shape = int(value.nbytes), tuple(value.shape)
 
     def fetch(self) -> Any:
+        if self.lost:
+            raise InputLostError((self.device_id,), "its keeper dropped it for room")
         return self.value
+
+    lost = False
 
 
 class FarHost:
@@ -81,7 +85,9 @@ class FarHost:
                 if self.backend.health(kept.device_id) is not None:
                     results.append(InputLostError((kept.device_id,), "its node left"))
                 else:
-                    results.append(kept.fetch() * 2)
+                    used = Kept(kept.fetch() * 2, self.device.id)
+                    used.lost = self.backend.final_lost
+                    results.append(used if self.backend.keeps_final else used.value)
         if stage == "make" and self.device.id == self.backend.dies_after_make:
             self.backend.dies_after_make = None
             self.backend.mark_unhealthy(self.device.id, "node left the cluster")
@@ -107,6 +113,8 @@ class FarBackend(Backend):
         super().__init__()
         self.calls: list[tuple[str, str]] = []
         self.dies_after_make: str | None = None
+        self.keeps_final = False  # the last stage's output kept on its device too
+        self.final_lost = False  # ... and gone before the response reads it
 
     def _discover(self) -> list[DeviceSpec]:
         return [
@@ -188,3 +196,27 @@ def test_outputs_lost_with_their_node_are_made_again(node_dies: bool) -> None:
     ]
     assert result.devices == {"make": "far:1", "use": "far:1"}
     assert retries == 1
+
+
+def test_a_final_output_that_cannot_be_fetched_fails_its_request_not_the_lane() -> None:
+    """The response reads the last stage's output from where it was kept; gone by then (its
+    node left, its keeper dropped it for room), that request fails with the reason, and the
+    device's lane goes on serving: the next request is answered."""
+    backend = FarBackend()
+    backend.keeps_final = True
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
+    policy = load_policy_text(POLICY, "lost-final-output")
+    plugins = {"make": Step("make"), "use": Step("use")}
+    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
+        assert engine.warm_up() == {}
+        backend.final_lost = True
+        with pytest.raises(InputLostError, match="dropped it for room"):
+            engine.submit("/two", {"x": np.array([1.0])}).result(timeout=30)
+        backend.final_lost = False  # the control: the same path, its output still there
+        result = engine.submit("/two", {"x": np.array([1.0])}).result(timeout=30)
+        failed = engine.metrics.registry.get_sample_value(
+            "hetero_engine_requests_total", {"route": "/two", "outcome": "failed"}
+        )
+    np.testing.assert_array_equal(result.outputs["use"], [4.0])
+    assert failed == 1

@@ -114,3 +114,34 @@ def test_a_stop_call_ends_that_generation_on_the_node() -> None:
     assert shapes == [("inline", {"text": "piece0", "stopped": True})]  # no second piece
     assert actor.stream_stats() == {"started": 1, "stopped": 1, "running": 0}
     assert not actor.stop("run-2", 0)  # the run is over
+
+
+def test_a_stop_that_arrives_before_its_run_registers_still_stops_it() -> None:
+    """The stop call has its own threads, so it can reach the node before the run does (a
+    client that left while the run waited): the run starts stopped, not run to its end."""
+    actor, plugin = lane()
+    plugin.gate.set()
+    assert not actor.stop("run-3", 0)  # nothing running yet: kept for the run
+    wire, _ = on_wire([Generation([{"role": "user", "content": "hi"}], 100)])
+    events = list(actor.run_streamed("gen/full", GraphFormat.ONNX, 0, wire, (), "run-3"))
+    shapes = events[-1][1][2]
+    assert shapes == [("inline", {"text": "", "stopped": True})]  # not one piece made
+    assert actor.stream_stats() == {"started": 1, "stopped": 1, "running": 0}
+    # the control: another run, not stopped, streams to its end
+    wire, _ = on_wire([Generation([{"role": "user", "content": "hi"}], 2)])
+    events = list(actor.run_streamed("gen/full", GraphFormat.ONNX, 0, wire, (), "run-4"))
+    assert events[-1][1][2] == [("inline", {"text": "piece0piece1", "stopped": False})]
+
+
+def test_a_stream_the_front_door_dropped_stops_its_generation() -> None:
+    """Closing the streamed run (Ray does when its caller drops it) sets its stops: the
+    generation thread on the node ends instead of decoding to max_tokens for nobody."""
+    actor, plugin = lane()
+    wire, _ = on_wire([Generation([{"role": "user", "content": "hi"}], 100)])
+    events = actor.run_streamed("gen/full", GraphFormat.ONNX, 0, wire, (), "run-5")
+    assert next(events) == ("piece", 0, "piece0")
+    stops = dict(actor._streams["run-5"])
+    events.close()
+    assert all(stop.is_set() for stop in stops.values())
+    plugin.gate.set()  # the plugin, let go, sees its stop at once
+    assert actor.stream_stats()["running"] == 0
