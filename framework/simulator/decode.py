@@ -49,6 +49,9 @@ class DecodeSequence(Generic[T]):
     batch_steps: int = 0
     """Sum, over the decode steps it ran in, of the running batch's size."""
     preemptions: int = 0
+    before_run_s: float = 0.0
+    """Seconds of its prefill steps spent on a model load and its inputs' transfer (not
+    running: the run time a device reports leaves them out, as a backend's load_s is apart)."""
 
     @property
     def context(self) -> int:

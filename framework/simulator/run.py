@@ -648,6 +648,8 @@ class _Simulation:
                 device.prefetch.remove(key)
         delay += max(self._transfer_s(s.item, index) for s in work.joining)
         work.ends = work.ends + delay
+        for sequence in work.joining:
+            sequence.before_run_s += delay
         warmup_s = self.workload.spec.warmup_s
         for sequence in work.joining:
             if sequence.admitted_at != now or sequence.generated:
@@ -683,7 +685,9 @@ class _Simulation:
         if not engine.has_work:
             self.kv.remove(device_id, engine)
         for sequence in finished:
-            run_s = now - (sequence.admitted_at or now)
+            # its time in the engine, less the loads and transfers before its prefills: what
+            # the scheduler's correction and slow-call breaker judge is the device's running
+            run_s = max(0.0, now - (sequence.admitted_at or now) - sequence.before_run_s)
             self._finish(sequence.item, device_id, run_s, max(1, round(sequence.mean_batch)))
 
 
