@@ -1,6 +1,7 @@
 """Values that live where they were made: a stage's output held on another node.
 
-A cluster backend runs a stage on a node and leaves its outputs there (Ray's object store);
+A cluster backend runs a stage on a node and leaves its outputs there (in the Ray device actor
+that made them);
 the engine passes the stand-ins below to the next stage, whose node reads them where they lie
 (locally when it is the same node), and fetches them only where it needs their content: a
 request's final outputs and the feature cache. The engine knows nothing of how a value is kept.

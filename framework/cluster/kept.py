@@ -6,7 +6,8 @@ made them, under a batch id: a later stage on the same device reads them there w
 (no object store, no serialisation); a stage elsewhere, or the front door, asks the actor for
 them (:meth:`KeptStore.pick`), and only then do they move. The front door releases a batch
 when its last stand-in is dropped; past :data:`KEPT_BYTES` the oldest batches go first (a
-reader then finds them gone, and the engine makes them again, as for a node that left).
+stage that reads them then finds them gone, and the engine makes them again, as for a node that
+left; a request's final output gone by the time the front door fetches it fails that request).
 Knows nothing of Ray.
 """
 
