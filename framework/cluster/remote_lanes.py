@@ -42,6 +42,8 @@ __all__ = ["ACTOR_PREFIX", "LANE_SHARE", "RayModelHost", "device_resource"]
 
 logger = logging.getLogger(__name__)
 
+CLOSE_WAIT_S = 10.0  # how long closing a device actor waits for its plugins to close
+
 LANE_SHARE = 0.01  # of a device's resource, held by its actor while it lives
 ACTOR_NICENESS = 0  # a device actor's CPU priority: the front door's lanes', not Ray's 15
 ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this, the device id, a unique suffix
@@ -274,7 +276,8 @@ class RayModelHost:
             return model_key in self._resident
 
     def close(self) -> None:
-        """End this device's actor (its models and kept outputs go with it)."""
+        """End this device's actor: its stage plugins close there first (their models, files
+        and helper processes; at most :data:`CLOSE_WAIT_S`), then the actor is killed."""
         ray = self._backend.ray()
         with self._lock:
             actor, self._handle = self._handle, None
@@ -282,6 +285,12 @@ class RayModelHost:
             self._resident.clear()
         if actor is None:
             return
+        try:
+            ray.get(
+                actor.close.options(concurrency_group=CONTROL_GROUP).remote(), timeout=CLOSE_WAIT_S
+            )
+        except Exception as err:  # its node is gone, or the plugins hang: killed regardless
+            logger.debug("%s: closing its actor: %s", self.device.id, err)
         try:
             ray.kill(actor)
         except Exception as err:  # its node is gone already
