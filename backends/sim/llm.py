@@ -94,5 +94,7 @@ def llm_phases(
     """
     prefill = prefill_seconds(hint, device, sum(prompts), nominal_tokens)
     efficiency = efficiency_for(device.properties.get("preset"))
+    # summed, then divided (not decode_steps' per-step division): static batches keep the
+    # figures they had to the last bit
     steps = _roofline_steps(hint, device, prompts, outputs, nominal_tokens)
     return prefill, float(steps.sum()) / efficiency.decode

@@ -421,18 +421,25 @@ class _Simulation:
                 total += latency + handle.size_bytes * inverse_bandwidth
         return total
 
+    def _before_run_s(
+        self, device: _DeviceSim, key: str, index: int, dispatches: list[Dispatch]
+    ) -> float:
+        """Seconds before a run on ``device`` can compute: the model's load if it is not
+        there yet (it is from then on), then the inputs, which move in parallel (the slowest
+        counts)."""
+        delay = 0.0
+        if key not in device.loaded:
+            delay += self._load_s(key, index)
+            device.loaded.add(key)
+            if key in device.prefetch:
+                device.prefetch.remove(key)
+        return delay + max(self._transfer_s(d, index) for d in dispatches)
+
     def _start(self, device: _DeviceSim, key: str, batch: list[Dispatch]) -> None:
         tables = self.scheduler.tables[key]
         hint = tables.costs.hint
         index = self.scheduler.fleet.index[device.spec.id]
-        duration = 0.0
-        if key not in device.loaded:
-            duration += self._load_s(key, index)
-            device.loaded.add(key)
-            if key in device.prefetch:
-                device.prefetch.remove(key)
-        # Inputs move before compute, in parallel: the slowest one counts.
-        duration += max(self._transfer_s(d, index) for d in batch)
+        duration = self._before_run_s(device, key, index, batch)
         now = self.clock.now()
         times, kv_batch = self._modelled_run(hint, device.spec, key, batch, now + duration)
         run_s = times.seconds  # the sim backend's formula (modelled_run), LLM or not
@@ -640,13 +647,7 @@ class _Simulation:
         """A prefill step starts: the model's load (if it is not on the device yet) and the
         joining requests' inputs come first; their waits and first tokens are counted."""
         index = self.scheduler.fleet.index[device.spec.id]
-        delay = 0.0
-        if key not in device.loaded:
-            delay += self._load_s(key, index)
-            device.loaded.add(key)
-            if key in device.prefetch:
-                device.prefetch.remove(key)
-        delay += max(self._transfer_s(s.item, index) for s in work.joining)
+        delay = self._before_run_s(device, key, index, [s.item for s in work.joining])
         work.ends = work.ends + delay
         for sequence in work.joining:
             sequence.before_run_s += delay
