@@ -93,6 +93,10 @@ DISPATCH_POLL_S = 0.05
 CACHE_DEVICE = "cache"  # where a cached output "lives": the host, for transfer costs
 PROBE_RUNS = 2
 RECENT_RUNS = 4096
+# How often one request may have its steps made again because their kept outputs were lost
+# (their node left, their keeper dropped them for room); past it the request fails with the
+# last loss rather than loop while a cluster keeps losing its work.
+MAX_INPUT_REDOS = 3
 _request_ids = itertools.count(1)
 Progress = Callable[[str, str], None]
 
@@ -1182,6 +1186,16 @@ class Engine:
         ]
         if not lost:
             return error  # nothing to redo: the request cannot go on
+        if state.redos >= MAX_INPUT_REDOS:
+            logger.warning(
+                "%s: %s lost its inputs again (%s) after %d redos: failing it",
+                task.request_id,
+                task.step,
+                error.reason,
+                state.redos,
+            )
+            return error
+        state.redos += 1
         logger.warning(
             "%s: %s lost its inputs (%s): redoing %s",
             task.request_id,

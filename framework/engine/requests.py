@@ -67,6 +67,7 @@ class RequestState:
     devices: dict[str, str] = field(default_factory=dict)
     live_tasks: dict[int, StageTask] = field(default_factory=dict)
     steps: list[StepTrace] = field(default_factory=list)
+    redos: int = 0  # times its steps were made again for lost inputs (MAX_INPUT_REDOS)
 
     def ready_steps(self) -> list[str]:
         """Steps not started whose dependencies are all done."""

@@ -18,6 +18,7 @@ import pytest
 from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel
 from hetero.framework.devices import DeviceClass, DeviceSpec, Telemetry
 from hetero.framework.engine import Engine
+from hetero.framework.engine.engine import MAX_INPUT_REDOS
 from hetero.framework.engine.lanes import BatchRun
 from hetero.framework.errors import InputLostError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
@@ -84,6 +85,8 @@ class FarHost:
                 kept = payload["make"]
                 if self.backend.health(kept.device_id) is not None:
                     results.append(InputLostError((kept.device_id,), "its node left"))
+                elif self.backend.inputs_always_dropped:
+                    results.append(InputLostError((kept.device_id,), "dropped it for room"))
                 else:
                     used = Kept(kept.fetch() * 2, self.device.id)
                     used.lost = self.backend.final_lost
@@ -115,6 +118,7 @@ class FarBackend(Backend):
         self.dies_after_make: str | None = None
         self.keeps_final = False  # the last stage's output kept on its device too
         self.final_lost = False  # ... and gone before the response reads it
+        self.inputs_always_dropped = False  # make's output gone whenever use reads it
 
     def _discover(self) -> list[DeviceSpec]:
         return [
@@ -220,3 +224,32 @@ def test_a_final_output_that_cannot_be_fetched_fails_its_request_not_the_lane() 
         )
     np.testing.assert_array_equal(result.outputs["use"], [4.0])
     assert failed == 1
+
+
+@pytest.mark.parametrize("always_dropped", [False, True])
+def test_a_request_whose_inputs_keep_being_lost_fails_after_its_redos(
+    always_dropped: bool,
+) -> None:
+    """Inputs dropped every time the next stage reads them: the producing step runs again
+    MAX_INPUT_REDOS times, then the request fails with the loss instead of looping; the
+    control (kept inputs) is answered after one run of each step."""
+    backend = FarBackend()
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
+    policy = load_policy_text(POLICY, "always-lost")
+    plugins = {"make": Step("make"), "use": Step("use")}
+    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
+        assert engine.warm_up() == {}
+        backend.inputs_always_dropped = always_dropped
+        future = engine.submit("/two", {"x": np.array([1.0])})
+        if always_dropped:
+            with pytest.raises(InputLostError, match="dropped it for room"):
+                future.result(timeout=30)
+        else:
+            np.testing.assert_array_equal(future.result(timeout=30).outputs["use"], [4.0])
+        retries = engine.metrics.registry.get_sample_value(
+            "hetero_stage_retries_total", {"stage": "use"}
+        )
+    runs = MAX_INPUT_REDOS + 1 if always_dropped else 1
+    assert backend.calls == [("make", "far:0"), ("use", "far:0")] * runs
+    assert (retries or 0) == (MAX_INPUT_REDOS if always_dropped else 0)
