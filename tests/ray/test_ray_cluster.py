@@ -7,6 +7,7 @@ device actors on the nodes. Run by ``make test-ray`` in its own venv; the tests 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from hetero.framework.cluster.lane_actor import RayOutput, RayOutputs
 from hetero.framework.cluster.ray_cluster import RAY_BACKEND, connect, disconnect
 from hetero.framework.cluster.remote_lanes import ACTOR_NICENESS
 from hetero.framework.engine import Engine
+from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
 from hetero.framework.policy import Policy, load_policy_text
@@ -452,6 +454,40 @@ def until(condition: Any, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+class ClosingStage(GraphStage):
+    """A graph stage that notes where it was closed: a file named after the stage and the
+    closing process, in a folder both the test and the nodes see (the cluster is on loopback)."""
+
+    def __init__(self, name: str, graph: Any, marks: pathlib.Path) -> None:
+        super().__init__(name, {"full": graph})
+        self.marks = marks
+
+    def close(self) -> None:
+        (self.marks / f"{self.stage_name}-{os.getpid()}").touch()
+
+
+def test_closing_the_engine_closes_each_stage_plugin_on_its_node(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    """The device actors' copies of the plugins are closed there (their models, files, helper
+    processes) before the actors are killed; the control: nothing is closed while it serves."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # a test module's class
+    stages = ("encode", "head")
+    plugins = {stage: ClosingStage(stage, GRAPHS[f"{stage}/full"], tmp_path) for stage in stages}
+    pinned = {"encode": "onnxruntime", "head": "openvino"}  # one stage on each node
+    try:
+        with Engine(policy_for(cluster), default_registry(), plugins=plugins, pinned=pinned) as e:
+            settle(submit_all(e, 4))
+            assert list(tmp_path.iterdir()) == []  # the control: serving closes nothing
+            actors = [host.actor for host in e.models.values() if host.stages]
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    marks = [path.name.rsplit("-", 1) for path in tmp_path.iterdir()]
+    on_nodes = sorted(stage for stage, pid in marks if int(pid) != os.getpid())
+    assert on_nodes == sorted(stages)  # each closed by the actor that held it, once
+    assert len(actors) == 2 and all(until(lambda a=a: lane_is_dead(a)) for a in actors)
 
 
 def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
