@@ -85,15 +85,19 @@ class LaneActor:
         payloads: list[Any],
         released: Sequence[str] = (),
     ) -> tuple[Any, ...]:
-        """Run a batch: ``(load_s, run_s, a shape per item, batch id or None)``, or
-        ``(LOST, why)`` when an input could not be read. Items too large to answer inline are
-        kept here under the batch id. ``released``: kept batches the front door let go of."""
+        """Run a batch: ``(load_s, run_s, a shape per item run, batch id or None, lost)``,
+        ``lost`` mapping the position of each item whose inputs could not be read to why (the
+        others run; shapes and the kept batch cover those alone, in order), or ``(LOST, why)``
+        when no item's inputs could be read. Items too large to answer inline are kept here
+        under the batch id. ``released``: kept batches the front door let go of."""
         self.release(*released)
         try:
-            local = self._resolve(payloads)
+            local, lost = self._resolve(payloads), {}
         except InputsGoneError as err:
-            return LOST, str(err)
-        return self._run(model_key, graph_format, threads, local)
+            local, lost = self._resolve_each(payloads)
+            if not local:
+                return LOST, str(err)
+        return self._run(model_key, graph_format, threads, local, lost)
 
     def run_streamed(
         self,
@@ -156,7 +160,12 @@ class LaneActor:
             return {**self._stream_counts, "running": running}
 
     def _run(
-        self, model_key: str, graph_format: GraphFormat | str, threads: int, local: list[Any]
+        self,
+        model_key: str,
+        graph_format: GraphFormat | str,
+        threads: int,
+        local: list[Any],
+        lost: dict[int, str] | None = None,
     ) -> tuple[Any, ...]:
         plugin = self._plugin(model_key)
         ran = self.models.run_batch(plugin, model_key, GraphFormat(graph_format), threads, local)
@@ -169,7 +178,7 @@ class LaneActor:
         if any(r is not None for r in kept):
             batch_id = uuid.uuid4().hex
             self.kept.keep(batch_id, kept, sum(_size(shape) for shape in shapes))
-        return ran.load_s, ran.run_s, shapes, batch_id
+        return ran.load_s, ran.run_s, shapes, batch_id, lost or {}
 
     def pick(self, batch_id: str, picks: Sequence[tuple[int, str | None]]) -> list[Any] | None:
         """Kept outputs for a reader in another process (None: gone)."""
@@ -197,6 +206,18 @@ class LaneActor:
 
     def _plugin(self, model_key: str) -> StagePlugin:
         return self.plugins[model_key.split("/", 1)[0]]
+
+    def _resolve_each(self, payloads: list[Any]) -> tuple[list[Any], dict[int, str]]:
+        """After a batch's inputs could not all be read: each item's on its own, the items
+        that can be read (in order) and, by position, why each of the others cannot."""
+        local: list[Any] = []
+        lost: dict[int, str] = {}
+        for position, payload in enumerate(payloads):
+            try:
+                local.extend(self._resolve([payload]))
+            except InputsGoneError as err:
+                lost[position] = str(err)
+        return local, lost
 
     def _resolve(self, payloads: list[Any]) -> list[Any]:
         """``payloads`` with every stand-in replaced by its value: this actor's own batches

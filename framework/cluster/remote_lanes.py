@@ -192,14 +192,20 @@ class RayModelHost:
         if answer[0] == LOST:
             found = tuple(sorted({d for p in live for d in sources(p)}))
             raise InputLostError(found, str(answer[1]))
-        load_s, run_s, shapes, batch_id = answer
+        load_s, run_s, shapes, batch_id, unread = answer
         with self._lock:
             self._resident.add(model_key)
         batch = None
         if batch_id is not None:
             batch = KeptBatch(actor, batch_id, self.device.id, self._released.append, self._name)
         made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
-        ordered = [next(made) if not gone else results.pop(0) for gone in lost]
+        ran = [  # an item whose kept inputs were gone on the node: its producers run again
+            InputLostError(tuple(sorted(sources(live[at]))), unread[at])
+            if at in unread
+            else next(made)
+            for at in range(len(live))
+        ]
+        ordered = [ran.pop(0) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
 
     def _follow(self, actor: Any, pieces: Any, streams: dict[int, Generation], run_id: str) -> Any:

@@ -25,6 +25,7 @@ from hetero.framework.cluster.ray_cluster import RAY_BACKEND, connect, disconnec
 from hetero.framework.cluster.remote_lanes import ACTOR_NICENESS
 from hetero.framework.engine import Engine
 from hetero.framework.engine.graph_stage import GraphStage
+from hetero.framework.errors import InputLostError
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
 from hetero.framework.policy import Policy, load_policy_text
@@ -233,10 +234,39 @@ def test_lanes_are_actors_on_their_nodes_and_outputs_move_through_the_object_sto
         held = kept()["batches"]
         del outputs, made  # the front door's last stand-ins of that batch: it is released
         assert until(lambda: kept()["batches"] == held - 1)
+
         assert worker_host.stages == {"encode", "head"} and head_host.stages == {"head"}
         lanes = [worker_actor, head_host.actor]
     for lane in lanes:  # closing the engine ended its actors (ray.kill is asynchronous)
         assert until(lambda lane=lane: lane_is_dead(lane))
+
+
+def test_in_a_batch_only_the_item_whose_kept_input_was_dropped_is_lost(cluster: Cluster) -> None:
+    """A batch on the head reads two batches kept on the worker, one of them dropped there:
+    that item alone is answered InputLostError (its producer runs again), the other one runs;
+    the control: both kept, both run."""
+    policy = policy_for(cluster)
+    worker = short(str(next(iter(cluster.worker_nodes)).node_id))
+    head = short(str(cluster.head_node.node_id))
+    on_worker, on_head = f"{ONNXRUNTIME}@{worker}", f"{OPENVINO}@{head}"
+    pinned = {"encode": "onnxruntime", "head": "openvino"}
+    with Engine(policy, default_registry(), GRAPHS, pinned=pinned) as engine:
+        settle(submit_all(engine, 2))  # both stages taken in by their actors
+        worker_host, head_host = engine.models[on_worker], engine.models[on_head]
+        encode, head_stage, fmt = engine.plugins["encode"], engine.plugins["head"], GraphFormat.ONNX
+        xs = [RNG.standard_normal((2, 16)).astype(np.float32) for _ in range(2)]
+        kept = [
+            worker_host.run_batch(encode, "encode/full", fmt, 0, [{"x": x}]).results[0]["h"]
+            for x in xs
+        ]
+        payloads = [{"h": h} for h in kept]
+        both = head_host.run_batch(head_stage, "head/full", fmt, 0, payloads).results
+        for x, y in zip(xs, both, strict=True):  # the control
+            np.testing.assert_allclose(y["y"], expected(x), rtol=1e-3, atol=1e-3)
+        ray.get(worker_host.actor.release.remote(kept[0].batch.batch_id))
+        lost, ran = head_host.run_batch(head_stage, "head/full", fmt, 0, payloads).results
+        assert isinstance(lost, InputLostError) and lost.devices == (on_worker,)
+        np.testing.assert_allclose(ran["y"], expected(xs[1]), rtol=1e-3, atol=1e-3)
 
 
 def lane_is_dead(lane: Any) -> bool:

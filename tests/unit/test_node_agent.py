@@ -48,8 +48,8 @@ def test_the_agent_reports_its_devices_and_runs_graphs_on_them() -> None:
     assert lane.ready() and lane.load("mm/full", GraphFormat.ONNX, 0)
     assert lane.models.resident("mm/full")
     x = np.ones((2, 3), np.float32)
-    load_s, run_s, shapes, batch_id = lane.run("mm/full", GraphFormat.ONNX, 0, [{"x": x}])
-    assert load_s == 0.0 and run_s > 0  # it was resident already
+    load_s, run_s, shapes, batch_id, lost = lane.run("mm/full", GraphFormat.ONNX, 0, [{"x": x}])
+    assert load_s == 0.0 and run_s > 0 and lost == {}  # it was resident already
     ((kind, value),) = shapes
     assert kind == "inline" and batch_id is None  # 32 bytes travel back with the answer
     np.testing.assert_allclose(value["y"], x @ WEIGHT)
@@ -87,13 +87,13 @@ def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place(
     lane.add_stage("make", GraphStage("make", {"full": wide_graph("make", w1, "x", "h")}))
     lane.add_stage("use", GraphStage("use", {"full": wide_graph("use", w2, "h", "y")}))
     x = np.ones((1, 3), np.float32)
-    _, _, shapes, batch_id = lane.run("make/full", GraphFormat.ONNX, 0, [{"x": x}])
+    _, _, shapes, batch_id, _ = lane.run("make/full", GraphFormat.ONNX, 0, [{"x": x}])
     assert shapes == [("map", {"h": (WIDE * 4, (1, WIDE))})] and batch_id is not None
     assert lane.kept_stats() == {"batches": 1, "bytes": WIDE * 4, "served": 0, "dropped": 0}
     # The front door's stand-in, as it would reach this actor in the next stage's payload.
     batch = KeptBatch(None, batch_id, f"{spec.id}@node-x")
     h = RayOutput(batch, 0, "h", WIDE * 4, (1, WIDE))
-    _, _, (used,), _ = lane.run("use/full", GraphFormat.ONNX, 0, [{"h": h}])
+    _, _, (used,), _, _ = lane.run("use/full", GraphFormat.ONNX, 0, [{"h": h}])
     assert used[0] == "inline"
     np.testing.assert_allclose(used[1]["y"], (x @ w1) @ w2, rtol=1e-4)
     assert lane.kept_stats()["served"] == 0  # read in place: nothing was copied out
@@ -102,6 +102,35 @@ def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place(
     assert lane.kept_stats()["batches"] == 0 and lane.pick(batch_id, [(0, "h")]) is None
     # Gone before its reader came: the run answers LOST (the engine makes it again).
     assert lane.run("use/full", GraphFormat.ONNX, 0, [{"h": h}])[0] == "lost"
+
+
+def test_in_a_batch_only_the_items_whose_kept_inputs_are_gone_are_lost() -> None:
+    """Two items read two kept batches, one dropped: that item is answered lost (its producer
+    runs again) and the other runs; the control: both kept, both run."""
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("npu", lambda: Detection.found("npu", NpuBackend))
+    spec = next(s for s, formats in NodeAgent(registry).devices() if GraphFormat.ONNX in formats)
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((3, WIDE)).astype(np.float32)
+    w2 = (rng.standard_normal((WIDE, 2)) / WIDE).astype(np.float32)
+    lane = LaneActor(spec.id, f"{spec.id}@node-x", registry)
+    lane.add_stage("make", GraphStage("make", {"full": wide_graph("make", w1, "x", "h")}))
+    lane.add_stage("use", GraphStage("use", {"full": wide_graph("use", w2, "h", "y")}))
+    xs = [np.full((1, 3), value, np.float32) for value in (1.0, 2.0)]
+    made = []
+    for x in xs:  # one kept batch per item
+        batch_id = lane.run("make/full", GraphFormat.ONNX, 0, [{"x": x}])[3]
+        batch = KeptBatch(None, batch_id, f"{spec.id}@node-x")
+        made.append((batch_id, {"h": RayOutput(batch, 0, "h", WIDE * 4, (1, WIDE))}))
+    payloads = [payload for _, payload in made]
+    _, _, shapes, _, lost = lane.run("use/full", GraphFormat.ONNX, 0, payloads)
+    assert lost == {} and len(shapes) == 2  # the control
+    lane.release(made[0][0])
+    _, _, shapes, _, lost = lane.run("use/full", GraphFormat.ONNX, 0, payloads)
+    assert list(lost) == [0] and "dropped" in lost[0]
+    ((kind, value),) = shapes  # the second item alone ran
+    assert kind == "inline"
+    np.testing.assert_allclose(value["y"], (xs[1] @ w1) @ w2, rtol=1e-4)
 
 
 def test_the_kept_store_drops_the_oldest_batches_past_its_bound() -> None:

@@ -93,7 +93,7 @@ def test_pieces_stream_in_order_then_the_answer() -> None:
     wire, _ = on_wire([Generation([{"role": "user", "content": "hi"}], 3)])
     events = list(actor.run_streamed("gen/full", GraphFormat.ONNX, 0, wire, (), "run-1"))
     assert events[:3] == [("piece", 0, "piece0"), ("piece", 0, "piece1"), ("piece", 0, "piece2")]
-    kind, (_, _, shapes, batch_id) = events[3]
+    kind, (_, _, shapes, batch_id, _) = events[3]
     assert kind == "done" and batch_id is None
     assert shapes == [("inline", {"text": "piece0piece1piece2", "stopped": False})]
     assert actor.stream_stats() == {"started": 1, "stopped": 0, "running": 0}
