@@ -91,8 +91,9 @@ class LaneActor:
         when no item's inputs could be read. Items too large to answer inline are kept here
         under the batch id. ``released``: kept batches the front door let go of."""
         self.release(*released)
+        lost: dict[int, str] = {}
         try:
-            local, lost = self._resolve(payloads), {}
+            local = self._resolve(payloads)
         except InputsGoneError as err:
             local, lost = self._resolve_each(payloads)
             if not local:
