@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from hetero.framework.sizes import nbytes_of
+
 __all__ = ["INLINE_BYTES", "KEPT_BYTES", "ItemShape", "KeptStore", "describe", "measure"]
 
 INLINE_BYTES = 64 * 2**10  # an item's outputs up to this size come back with the answer
@@ -33,9 +35,7 @@ def measure(value: Any) -> tuple[int, tuple[int, ...]]:
     """Bytes and shape of one output value (0 and () where it has no known size)."""
     if isinstance(value, np.ndarray):
         return int(value.nbytes), tuple(value.shape)
-    if isinstance(value, bytes | str):
-        return len(value), ()
-    return 0, ()
+    return nbytes_of(value), ()
 
 
 def describe(value: Any) -> ItemShape:

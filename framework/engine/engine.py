@@ -50,7 +50,7 @@ from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import StageConfig
 from hetero.framework.registry import Registry
-from hetero.framework.remote import RemoteValue, materialize
+from hetero.framework.remote import materialize
 from hetero.framework.scheduler import (
     BreakerState,
     Dispatch,
@@ -62,6 +62,7 @@ from hetero.framework.scheduler import (
     WallClock,
 )
 from hetero.framework.scheduler.admission import StageAdmission
+from hetero.framework.sizes import nbytes_of
 from hetero.framework.stage_cache import StageCache
 from hetero.framework.stage_plugin import StagePlugin, combined_hint
 from hetero.framework.stages import Pipeline, PipelineStep
@@ -1090,7 +1091,7 @@ class Engine:
             if outcome.error is None:
                 offered = self._step_inputs(state, task.step)
                 state.outputs[task.step] = OutputHandle(
-                    device_id, outcome.output, _size(outcome.output)
+                    device_id, outcome.output, nbytes_of(outcome.output)
                 )
                 state.devices[task.step] = device_id
                 state.steps.append(_step_trace(outcome))
@@ -1287,16 +1288,6 @@ def _by_stage(graphs: Mapping[str, ComputeGraph]) -> dict[str, dict[str, Compute
         stage, _, variant = key.partition("/")
         out.setdefault(stage, {})[variant or "full"] = graph
     return out
-
-
-def _size(value: Any) -> int:
-    if isinstance(value, Mapping):
-        return sum(_size(v) for v in value.values())
-    if isinstance(value, np.ndarray | RemoteValue):
-        return int(value.nbytes)
-    if isinstance(value, bytes | str):
-        return len(value)
-    return 0
 
 
 def _settle(
