@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from hetero.framework.backend import Backend
-from hetero.framework.devices import DeviceSpec
+from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.fleet import discover_devices
 from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
@@ -37,6 +37,11 @@ class NodeAgent:
             formats = frozenset(f for f in GraphFormat if backend.accepts(f, device.id))
             out.append((device, formats))
         return out
+
+    def telemetry(self, device_id: str) -> Telemetry:
+        """What this node's device ``device_id`` (its id on the node) is doing now, read by
+        its own backend (NVML, amdsmi, psutil); raises what that backend raises."""
+        return self._backend(device_id.split(":", 1)[0]).telemetry(device_id)
 
     def _backend(self, name: str) -> Backend:
         with self._lock:

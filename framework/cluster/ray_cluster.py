@@ -24,6 +24,7 @@ Only this module imports ``ray`` (the ``hetero[ray]`` extra); the embedded engin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -37,7 +38,6 @@ from hetero.framework.cluster.signals import keeping_sigterm
 from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
     BackendUnavailableError,
-    DeviceUnhealthyError,
     UnsupportedCapabilityError,
 )
 from hetero.framework.graph import ComputeGraph, GraphFormat
@@ -48,6 +48,7 @@ __all__ = ["RAY_BACKEND", "RayBackend", "RayCluster", "connect"]
 logger = logging.getLogger(__name__)
 
 RAY_BACKEND = "ray"
+TELEMETRY_WAIT_S = 5.0  # how long reading a node's device telemetry may take
 AGENT_CONCURRENCY = 16  # lanes of one node's devices run side by side, as threads do locally
 
 
@@ -112,7 +113,13 @@ class RayBackend(Backend):
         return list(self._known.values())
 
     def _telemetry(self, device_id: str) -> Telemetry:
-        raise DeviceUnhealthyError(device_id, "telemetry is not read across the cluster yet")
+        """Read on the device's node by its agent (one call, at most
+        :data:`TELEMETRY_WAIT_S`); a node that does not answer marks the device unhealthy."""
+        with self._lock:
+            agent, spec = self._agent_of[device_id], self._known[device_id]
+        local = str(spec.properties["node_device"])
+        read: Telemetry = _ray().get(agent.telemetry.remote(local), timeout=TELEMETRY_WAIT_S)
+        return dataclasses.replace(read, device_id=device_id)
 
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
         return graph  # compiled on the node, at load

@@ -25,7 +25,7 @@ from hetero.framework.cluster.ray_cluster import RAY_BACKEND, connect, disconnec
 from hetero.framework.cluster.remote_lanes import ACTOR_NICENESS
 from hetero.framework.engine import Engine
 from hetero.framework.engine.graph_stage import GraphStage
-from hetero.framework.errors import InputLostError
+from hetero.framework.errors import DeviceUnhealthyError, InputLostError
 from hetero.framework.fleet import resolve_fleet
 from hetero.framework.graph import GraphFormat
 from hetero.framework.policy import Policy, load_policy_text
@@ -267,6 +267,16 @@ def test_in_a_batch_only_the_item_whose_kept_input_was_dropped_is_lost(cluster: 
         lost, ran = head_host.run_batch(head_stage, "head/full", fmt, 0, payloads).results
         assert isinstance(lost, InputLostError) and lost.devices == (on_worker,)
         np.testing.assert_allclose(ran["y"], expected(xs[1]), rtol=1e-3, atol=1e-3)
+
+
+def test_each_nodes_device_telemetry_is_read_on_its_node(cluster: Cluster) -> None:
+    """Read by the node's agent with the device's own backend, named by its fleet id."""
+    backend = connect(policy_for(cluster).spec.cluster).backend
+    for device in backend.devices():
+        sample = backend.telemetry(device.id)
+        assert sample.device_id == device.id
+        assert 0 < sample.memory_used_bytes <= device.memory_bytes
+        assert 0.0 <= sample.utilisation <= 1.0
 
 
 def lane_is_dead(lane: Any) -> bool:
@@ -545,6 +555,8 @@ def test_a_node_killed_mid_load_loses_nothing_and_a_joining_node_gets_work(
                 break
             settle(submit_all(engine, 1))
         assert all("left" in (backend.health(d) or "") for d in lost)
+        with pytest.raises(DeviceUnhealthyError):  # no node to read it on
+            backend.telemetry(lost[0])
         placed = len(engine.scheduler.decisions)
         tail = settle(submit_all(engine, 8))
         assert all(node_of(d) != worker for r in tail for d in r.devices.values())
