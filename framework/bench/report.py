@@ -91,6 +91,7 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         "l3_hit",
         "disk_tier_get",
         "raw_lmdb_get",
+        "raw_lmdb_get_and_decode",
         "raw_diskcache_get",
         "l2_hit",
         "raw_redis_get",

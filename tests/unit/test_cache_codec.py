@@ -50,3 +50,22 @@ def test_entries_written_with_crc32_before_still_decode_and_are_checked() -> Non
 def test_bytes_that_are_no_entry_say_why(blob: bytes, reason: str) -> None:
     with pytest.raises(CorruptEntryError, match=reason):
         decode(blob)
+
+
+def test_array_layouts_parsed_once_still_decode_each_shape_and_dtype() -> None:
+    """The header cache keys on the exact header bytes: arrays of other shapes or dtypes after
+    a cached one decode as themselves, a truncated body is still corrupt, and the cache stays
+    bounded."""
+    from hetero.cache import codec
+
+    first = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for value in (first, first.reshape(4, 3), first.astype(np.int64), first):
+        out = decode(encode(value))
+        assert out.dtype == value.dtype and out.shape == value.shape
+        assert np.array_equal(out, value)
+    blob = encode(first)
+    with pytest.raises(CorruptEntryError):
+        decode(blob[:-4], verified=True)
+    for n in range(codec.LAYOUTS_KEPT + 10):
+        assert decode(encode(np.zeros(n + 1, np.uint8))).shape == (n + 1,)
+    assert len(codec._LAYOUTS) <= codec.LAYOUTS_KEPT
