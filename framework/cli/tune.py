@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,18 @@ def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[st
             )
         )
     return rows
+
+
+def knob_rows(
+    shipped: Mapping[str, float], tuned: Mapping[str, float]
+) -> list[tuple[str, str, str]]:
+    """The knobs the tuned policy changes: name, shipped value, tuned value (the values in
+    force, defaults included, so no row is blank)."""
+    return [
+        (name, _fmt(shipped[name]), _fmt(tuned[name]))
+        for name in sorted(tuned)
+        if name in shipped and tuned[name] != shipped[name]
+    ]
 
 
 def run_tune(
@@ -113,5 +126,19 @@ def run_tune(
     for row in before_after(dict(result.before), dict(result.after)):
         table.add_row(*row)
     console.print(table)
+    changed = knob_rows(result.shipped, result.values)
+    if changed:
+        knobs = Table(title=f"knobs changed ({len(changed)} of {len(result.values)} searched)")
+        for column in ("knob", "shipped", "tuned"):
+            knobs.add_column(column)
+        for row in changed:
+            knobs.add_row(*row)
+        console.print(knobs)
+    else:
+        console.print(
+            f"no knob changed: the shipped policy is kept ({len(result.values)} searched)",
+            highlight=False,
+            markup=False,
+        )
     console.print(f"tuned policy written to {target}", highlight=False, markup=False)
     return 0

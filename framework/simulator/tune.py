@@ -50,6 +50,7 @@ __all__ = [
     "KNOBS",
     "Knob",
     "TuneResult",
+    "knob_values",
     "screen_workload",
     "tune",
     "variant_knobs",
@@ -109,6 +110,10 @@ class TuneResult:
 
     text: str
     values: Mapping[str, float]
+    """Each searched knob's value in the tuned policy (the value in force: a default or a
+    fallback where the YAML does not set it)."""
+    shipped: Mapping[str, float]
+    """The same knobs' values in the shipped policy."""
     before: Mapping[str, Any]
     after: Mapping[str, Any]
     trials: int
@@ -117,7 +122,7 @@ class TuneResult:
     """Trials re-simulated on the whole workload (0 when every trial ran on all of it)."""
 
 
-def _set(data: dict[str, Any], path: tuple[str, ...], value: float) -> None:
+def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node = data
     for key in path[:-1]:
         node = node.setdefault(key, {})
@@ -200,6 +205,25 @@ def _simulate_all(
     return [future.result() for future in futures]
 
 
+def _propose(
+    trial: Any, data: Mapping[str, Any], knobs: Sequence[Knob], classes: Sequence[str]
+) -> dict[str, Any]:
+    """A copy of ``data`` with the values ``trial`` (an Optuna trial) suggests."""
+    proposed = copy.deepcopy(dict(data))
+    for knob in knobs:
+        name = ".".join(knob.path)
+        value: float
+        if knob.integer:
+            value = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
+        else:
+            value = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
+        _set(proposed, knob.path, value)
+    for qos in classes:
+        weight = trial.suggest_float(f"qos.classes.{qos}.weight", 0.5, 16.0, log=True)
+        _set(proposed, ("qos", "classes", qos, "weight"), weight)
+    return proposed
+
+
 def tune(
     data: Mapping[str, Any],
     source: str,
@@ -225,21 +249,6 @@ def tune(
     classes = sorted(shipped.spec.qos.classes)
     knobs = KNOBS + variant_knobs(shipped)
 
-    def candidate(trial: optuna.Trial) -> dict[str, Any]:
-        proposed = copy.deepcopy(dict(data))
-        for knob in knobs:
-            name = ".".join(knob.path)
-            value: float
-            if knob.integer:
-                value = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
-            else:
-                value = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
-            _set(proposed, knob.path, value)
-        for qos in classes:
-            weight = trial.suggest_float(f"qos.classes.{qos}.weight", 0.5, 16.0, log=True)
-            _set(proposed, ("qos", "classes", qos, "weight"), weight)
-        return proposed
-
     feasible: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
@@ -250,7 +259,7 @@ def tune(
         best_p99 = float(before["p99_ms"])
         while len(study.trials) < trials and time.monotonic() < deadline:
             asked = [study.ask() for _ in range(min(max(jobs, 1), trials - len(study.trials)))]
-            proposals = [candidate(trial) for trial in asked]
+            proposals = [_propose(trial, data, knobs, classes) for trial in asked]
             for trial, proposed, after in zip(
                 asked,
                 proposals,
@@ -282,10 +291,11 @@ def tune(
             ):
                 if _no_class_worse(before, after) and after["p99_ms"] < best["p99"]:
                     best.update(p99=after["p99_ms"], data=proposed, after=after)
-    values = {".".join(knob.path): float(_get(best["data"], knob.path)) for knob in knobs}
+    tuned = load_policy_text(yaml.safe_dump(best["data"]), source)
     return TuneResult(
         text=yaml.safe_dump(best["data"], sort_keys=False),
-        values=values,
+        values=knob_values(tuned, knobs),
+        shipped=knob_values(shipped, knobs),
         before=before,
         after=best["after"],
         trials=len(study.trials),
@@ -294,10 +304,15 @@ def tune(
     )
 
 
-def _get(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = data
-    for key in path:
-        if not isinstance(node, Mapping) or key not in node:
-            return math.nan
-        node = node[key]
-    return node
+def knob_values(policy: Policy, knobs: Sequence[Knob]) -> dict[str, float]:
+    """Each knob's value in force in the validated ``policy``: the YAML's, else the schema's
+    default; a variant's unset ``max_delay_ms`` is the policy-wide one it falls back to."""
+    values: dict[str, float] = {}
+    for knob in knobs:
+        node: Any = policy.spec
+        for key in knob.path:
+            node = node[key] if isinstance(node, Mapping) else getattr(node, key)
+        if node is None and knob.path[-1] == "max_delay_ms":
+            node = policy.spec.scheduler.batching.max_delay_ms
+        values[".".join(knob.path)] = float(node)
+    return values

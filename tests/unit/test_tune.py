@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from hetero.framework.cli.tune import knob_rows
 from hetero.framework.fleet import Fleet, resolve_fleet
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
@@ -17,6 +18,7 @@ from hetero.framework.simulator.tune import (
     _no_class_worse,
     _simulate_all,
     _workers,
+    knob_values,
     screen_workload,
     tune,
     variant_knobs,
@@ -25,6 +27,7 @@ from hetero.framework.simulator.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 THRASH = REPO / "benchmarks" / "scenarios" / "thrash"
+MIXED = REPO / "policies" / "sim" / "mixed-fleet.yaml"
 
 
 def test_tuning_is_seeded_validates_and_keeps_every_class(tmp_path: Path) -> None:
@@ -136,3 +139,24 @@ def test_parallel_tuning_is_seeded_and_searches_each_variants_batching(tmp_path:
     assert set(knobs) <= set(first.values)
     load_policy_text(first.text, "tuned.yaml")
     assert _no_class_worse(first.before, first.after)
+
+
+def test_knob_values_are_the_values_in_force_and_only_changes_are_tabled() -> None:
+    """A knob the YAML leaves out reads as its default or fallback, never NaN: a variant's
+    unset ``max_delay_ms`` is the policy-wide one."""
+    policy = load_policy_text(MIXED.read_text(), "mixed-fleet.yaml")
+    knobs = variant_knobs(policy)
+    shipped = knob_values(policy, knobs)
+    delay = "stages.llm_decode.variants.full.max_delay_ms"
+    assert shipped[delay] == policy.spec.scheduler.batching.max_delay_ms
+    assert shipped["stages.llm_decode.variants.full.max_batch"] == 16.0
+    assert shipped["stages.ocr.variants.full.max_batch"] == 8.0
+    data = yaml.safe_load(MIXED.read_text())
+    data["stages"]["ocr"]["variants"]["full"]["max_batch"] = 3
+    data["stages"]["llm_decode"]["variants"]["full"]["max_delay_ms"] = 12.5
+    tuned = knob_values(load_policy_text(yaml.safe_dump(data), "t.yaml"), knobs)
+    assert knob_rows(shipped, tuned) == [
+        ("stages.llm_decode.variants.full.max_delay_ms", "5", "12.5"),
+        ("stages.ocr.variants.full.max_batch", "8", "3"),
+    ]
+    assert knob_rows(shipped, shipped) == []
