@@ -122,7 +122,7 @@ class TuneResult:
     """Trials re-simulated on the whole workload (0 when every trial ran on all of it)."""
 
 
-def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+def _set(data: dict[str, Any], path: tuple[str, ...], value: float) -> None:
     node = data
     for key in path[:-1]:
         node = node.setdefault(key, {})

@@ -9,7 +9,8 @@ tests/ray/, run by ``make test-ray``): their model hosts keep each output as a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -172,15 +173,22 @@ class Step(StagePlugin):
         raise AssertionError("runs in its host")
 
 
+@contextlib.contextmanager
+def far_engine(backend: FarBackend) -> Iterator[Engine]:
+    """An engine over ``backend``'s two devices with the two steps' plugins, warmed up."""
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
+    plugins = {"make": Step("make"), "use": Step("use")}
+    policy = load_policy_text(POLICY, "lost-outputs")
+    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
+        assert engine.warm_up() == {}
+        yield engine
+
+
 @pytest.mark.parametrize("node_dies", [False, True])
 def test_outputs_lost_with_their_node_are_made_again(node_dies: bool) -> None:
     backend = FarBackend()
-    registry = Registry(use_entry_points=False)
-    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
-    policy = load_policy_text(POLICY, "lost-outputs")
-    plugins = {"make": Step("make"), "use": Step("use")}
-    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
-        assert engine.warm_up() == {}
+    with far_engine(backend) as engine:
         backend.dies_after_make = "far:0" if node_dies else None
         result = engine.submit("/two", {"x": np.array([1.0, 2.0])}).result(timeout=60)
         retries = engine.metrics.registry.get_sample_value(
@@ -208,12 +216,7 @@ def test_a_final_output_that_cannot_be_fetched_fails_its_request_not_the_lane() 
     device's lane goes on serving: the next request is answered."""
     backend = FarBackend()
     backend.keeps_final = True
-    registry = Registry(use_entry_points=False)
-    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
-    policy = load_policy_text(POLICY, "lost-final-output")
-    plugins = {"make": Step("make"), "use": Step("use")}
-    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
-        assert engine.warm_up() == {}
+    with far_engine(backend) as engine:
         backend.final_lost = True
         with pytest.raises(InputLostError, match="dropped it for room"):
             engine.submit("/two", {"x": np.array([1.0])}).result(timeout=30)
@@ -234,12 +237,7 @@ def test_a_request_whose_inputs_keep_being_lost_fails_after_its_redos(
     MAX_INPUT_REDOS times, then the request fails with the loss instead of looping; the
     control (kept inputs) is answered after one run of each step."""
     backend = FarBackend()
-    registry = Registry(use_entry_points=False)
-    registry.register_backend("far", lambda: Detection.found("far", lambda: backend))
-    policy = load_policy_text(POLICY, "always-lost")
-    plugins = {"make": Step("make"), "use": Step("use")}
-    with Engine(policy, registry, plugins=plugins, probe=False) as engine:
-        assert engine.warm_up() == {}
+    with far_engine(backend) as engine:
         backend.inputs_always_dropped = always_dropped
         future = engine.submit("/two", {"x": np.array([1.0])})
         if always_dropped:

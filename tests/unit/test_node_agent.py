@@ -76,22 +76,30 @@ def wide_graph(name: str, weight: np.ndarray, src: str, dst: str) -> ComputeGrap
     return ComputeGraph(name, GraphFormat.ONNX, model.SerializeToString(), hint, input_names=(src,))
 
 
-def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place() -> None:
+def two_stage_lane(seed: int) -> tuple[LaneActor, str, np.ndarray, np.ndarray]:
+    """A device actor on an ONNX CPU device holding ``make`` (x -> a wide h, kept) and ``use``
+    (h -> y, inline), with its fleet id and the two weights."""
     registry = Registry(use_entry_points=False)
     registry.register_backend("npu", lambda: Detection.found("npu", NpuBackend))
     spec = next(s for s, formats in NodeAgent(registry).devices() if GraphFormat.ONNX in formats)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     w1 = rng.standard_normal((3, WIDE)).astype(np.float32)
     w2 = (rng.standard_normal((WIDE, 2)) / WIDE).astype(np.float32)
-    lane = LaneActor(spec.id, f"{spec.id}@node-x", registry)
+    fleet_id = f"{spec.id}@node-x"
+    lane = LaneActor(spec.id, fleet_id, registry)
     lane.add_stage("make", GraphStage("make", {"full": wide_graph("make", w1, "x", "h")}))
     lane.add_stage("use", GraphStage("use", {"full": wide_graph("use", w2, "h", "y")}))
+    return lane, fleet_id, w1, w2
+
+
+def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place() -> None:
+    lane, fleet_id, w1, w2 = two_stage_lane(0)
     x = np.ones((1, 3), np.float32)
     _, _, shapes, batch_id, _ = lane.run("make/full", GraphFormat.ONNX, 0, [{"x": x}])
     assert shapes == [("map", {"h": (WIDE * 4, (1, WIDE))})] and batch_id is not None
     assert lane.kept_stats() == {"batches": 1, "bytes": WIDE * 4, "served": 0, "dropped": 0}
     # The front door's stand-in, as it would reach this actor in the next stage's payload.
-    batch = KeptBatch(None, batch_id, f"{spec.id}@node-x")
+    batch = KeptBatch(None, batch_id, fleet_id)
     h = RayOutput(batch, 0, "h", WIDE * 4, (1, WIDE))
     _, _, (used,), _, _ = lane.run("use/full", GraphFormat.ONNX, 0, [{"h": h}])
     assert used[0] == "inline"
@@ -107,20 +115,12 @@ def test_large_outputs_stay_in_the_actor_and_the_next_stage_reads_them_in_place(
 def test_in_a_batch_only_the_items_whose_kept_inputs_are_gone_are_lost() -> None:
     """Two items read two kept batches, one dropped: that item is answered lost (its producer
     runs again) and the other runs; the control: both kept, both run."""
-    registry = Registry(use_entry_points=False)
-    registry.register_backend("npu", lambda: Detection.found("npu", NpuBackend))
-    spec = next(s for s, formats in NodeAgent(registry).devices() if GraphFormat.ONNX in formats)
-    rng = np.random.default_rng(1)
-    w1 = rng.standard_normal((3, WIDE)).astype(np.float32)
-    w2 = (rng.standard_normal((WIDE, 2)) / WIDE).astype(np.float32)
-    lane = LaneActor(spec.id, f"{spec.id}@node-x", registry)
-    lane.add_stage("make", GraphStage("make", {"full": wide_graph("make", w1, "x", "h")}))
-    lane.add_stage("use", GraphStage("use", {"full": wide_graph("use", w2, "h", "y")}))
+    lane, fleet_id, w1, w2 = two_stage_lane(1)
     xs = [np.full((1, 3), value, np.float32) for value in (1.0, 2.0)]
     made = []
     for x in xs:  # one kept batch per item
         batch_id = lane.run("make/full", GraphFormat.ONNX, 0, [{"x": x}])[3]
-        batch = KeptBatch(None, batch_id, f"{spec.id}@node-x")
+        batch = KeptBatch(None, batch_id, fleet_id)
         made.append((batch_id, {"h": RayOutput(batch, 0, "h", WIDE * 4, (1, WIDE))}))
     payloads = [payload for _, payload in made]
     _, _, shapes, _, lost = lane.run("use/full", GraphFormat.ONNX, 0, payloads)
