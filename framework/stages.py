@@ -79,6 +79,9 @@ class Pipeline:
     order: tuple[str, ...] = field(init=False)
     sinks: tuple[str, ...] = field(init=False, repr=False)
     """Steps nothing waits for: their outputs make the response."""
+    after_of: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Each step's ``after`` as a plain dict (read-only): it is read for every step of every
+    request, and a persistent map's lookup costs several times a dict's."""
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -97,6 +100,9 @@ class Pipeline:
             raise CyclicPipelineError(self.name, cycle) from err
         object.__setattr__(self, "steps", pmap(self.steps))
         object.__setattr__(self, "order", order)
+        object.__setattr__(
+            self, "after_of", {name: step.after for name, step in self.steps.items()}
+        )
         needed = {dep for step in self.steps.values() for dep in step.after}
         object.__setattr__(self, "sinks", tuple(name for name in order if name not in needed))
 
@@ -115,10 +121,11 @@ class Pipeline:
     def ready_steps(self, done: Collection[str], started: Collection[str]) -> list[str]:
         """Steps not yet started whose dependencies are all ``done``, in DAG order: the one
         readiness walk the engine and the simulator share."""
+        after = self.after_of
         return [
             name
             for name in self.order
-            if name not in started and all(dep in done for dep in self.steps[name].after)
+            if name not in started and all(dep in done for dep in after[name])
         ]
 
     @property

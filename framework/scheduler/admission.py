@@ -33,6 +33,7 @@ class StageAdmission:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._breakers: dict[str, ComplexityBreaker] = {}
+        self._deadlines: tuple[Policy | None, dict[str, float]] = (None, {})
 
     def breaker(self, stage: str) -> ComplexityBreaker:
         """The complexity breaker of ``stage``."""
@@ -44,8 +45,15 @@ class StageAdmission:
 
     def deadline_s(self, qos_class: str) -> float:
         """The deadline of a QoS class's SLA tier, in seconds."""
-        spec = self.policy.spec
-        return spec.sla_tiers[spec.qos.classes[qos_class].sla_tier].deadline_ms / 1000.0
+        policy, deadlines = self._deadlines
+        if policy is not self.policy:  # read per request: kept per policy as a plain dict
+            spec = self.policy.spec
+            deadlines = {
+                name: spec.sla_tiers[c.sla_tier].deadline_ms / 1000.0
+                for name, c in spec.qos.classes.items()
+            }
+            self._deadlines = (self.policy, deadlines)
+        return deadlines[qos_class]
 
     def decide(
         self,

@@ -35,9 +35,12 @@ BoolArray = npt.NDArray[np.bool_]
 LOAD_INIT_S = 0.05
 # Transfers are routed once for this size; the route's cost is then affine in the size.
 ROUTE_PROBE_BYTES = 1 << 20
-# Rows of routes kept, most recently used first: a row is two floats per device, so this bounds
-# the cache at 4 KiB x devices (4 MiB at 1,000 devices) however many sources a fleet has.
-ROUTE_ROWS_KEPT = 256
+# Bytes of route rows kept, most recently used first: a row is two floats per device (16 bytes
+# a device), so up to 2,097 sources' rows are kept, every source of a fleet up to that size (16 MiB
+# at 1,000 devices, where a row takes 9 us to assemble and a decision 30 us), and the cache
+# stays at this bound however large the fleet (209 rows at 10,000 devices).
+ROUTE_ROWS_BYTES = 32 << 20
+ROUTE_ROWS_LEAST = 16  # rows kept whatever the fleet's size
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class FleetCosts:
                 )
         self.ingress_inverse_bandwidth = np.array([1 / host_link(d)[0] for d in self.devices])
         self._rows: OrderedDict[int, tuple[FloatArray, FloatArray]] = OrderedDict()
+        self.rows_kept = max(ROUTE_ROWS_LEAST, ROUTE_ROWS_BYTES // (16 * max(1, len(self.devices))))
         # The least of every device's figures: floors of any route's last hop.
         empty = not len(self.devices)
         self._latency_least = 0.0 if empty else float(self._host_latency.min())
@@ -140,7 +144,7 @@ class FleetCosts:
         """Latency and inverse bandwidth of the cheapest route from device ``src`` to every
         device (zero to itself): up to its host, the network hop to another host, down; or the
         devices' own link where that is cheaper. Hop by hop, summed in route order. The rows of
-        the latest :data:`ROUTE_ROWS_KEPT` sources are kept (read-only arrays)."""
+        latest sources are kept (read-only arrays), :data:`ROUTE_ROWS_BYTES` of them."""
         row = self._rows.get(src)
         if row is not None:
             self._rows.move_to_end(src)
@@ -164,7 +168,7 @@ class FleetCosts:
         latency.flags.writeable = False
         inverse.flags.writeable = False
         self._rows[src] = (latency, inverse)
-        if len(self._rows) > ROUTE_ROWS_KEPT:
+        if len(self._rows) > self.rows_kept:
             self._rows.popitem(last=False)
         return latency, inverse
 

@@ -12,9 +12,11 @@ from hetero.framework.scheduler.tasks import StageTask
 __all__ = ["Dispatch", "PlacementDecision", "Rejection", "SchedulerStats"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PlacementDecision:
-    """Why a task went where it went: the estimate and its terms, in seconds."""
+    """Why a task went where it went: the estimate and its terms, in seconds. A record for
+    callers to read (not frozen: a frozen dataclass's ``__init__`` costs 3.0 us here against
+    0.7 us, measured side by side, and one is made per decision)."""
 
     task_id: int
     stage: str

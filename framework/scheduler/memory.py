@@ -51,6 +51,11 @@ class LoadPlan:
     evict: tuple[str, ...] = ()
 
 
+_STAY: dict[str, LoadPlan] = {}
+"""Per model, the plan that changes nothing (it is resident and has room): immutable, so one
+is shared rather than made per decision."""
+
+
 @dataclass(slots=True)
 class MemoryManager:
     """Memory of one device, in bytes: capacity after the policy's reserve."""
@@ -139,7 +144,10 @@ class MemoryManager:
         ``overdue``) may go even inside their minimum residency."""
         resident = key in self.resident
         if resident and (not kv_bytes or kv_bytes <= self.free):
-            return LoadPlan(key=key, load=False)
+            stay = _STAY.get(key)
+            if stay is None:
+                stay = _STAY[key] = LoadPlan(key=key, load=False)
+            return stay
         if size + kv_bytes > self.capacity:
             return None
         needed = kv_bytes + (0 if resident else size)

@@ -14,6 +14,8 @@ from hetero.framework.scheduler.tasks import StageTask
 
 __all__ = ["FAST_ENOUGH", "ResidencyMixin"]
 
+_NONE: frozenset[str] = frozenset()
+
 FAST_ENOUGH = 1.5
 """With LLMs batching continuously, another stage's task is spread over the devices at most
 this many times slower for it than the fastest candidate."""
@@ -74,7 +76,7 @@ class ResidencyMixin(PlacementMixin):
         models, the second (only when no candidate holds the model) may evict a young one
         that has a replica elsewhere."""
         costs = tables.costs
-        allow_young = frozenset[str]()
+        allow_young = _NONE
         for second_pass in (False, True):
             if second_pass:
                 if np.count_nonzero(tables.resident & mask):

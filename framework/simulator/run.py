@@ -145,6 +145,12 @@ class _Simulation:
         self.device_ids = [d.id for d in devices]
         # Read per event: plain dicts (the policy's maps are persistent, slower to index).
         self.modality = {name: stage.modality for name, stage in spec.stages.items()}
+        self.variants = {name: frozenset(stage.variants) for name, stage in spec.stages.items()}
+        self.pipelines = {route: policy.pipeline_for_route(route) for route in spec.routes}
+        self.stage_of = {
+            name: {step: s.stage for step, s in pipeline.steps.items()}
+            for name, pipeline in policy.pipelines.items()
+        }
         self.waiting: set[str] = set()  # devices with items in a batcher
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}
@@ -261,13 +267,13 @@ class _Simulation:
         qos = request.qos or spec.qos.default_class
         if request.arrival >= self.workload.spec.warmup_s:
             self.metrics.offered_by_class[qos] += 1
-        pipeline = self.policy.pipeline_for_route(request.route)
-        first = pipeline.steps[pipeline.order[0]].stage
+        pipeline = self.pipelines[request.route]
+        first = self.stage_of[pipeline.name][pipeline.order[0]]
         if self.warmup is not None:
             stages = sorted({step.stage for step in pipeline.steps.values()})
             self.warmup.observe([f"{stage}/full" for stage in stages], request.arrival)
         scale = self._request_scale(first, request)
-        variants = spec.stages[first].variants
+        variants = self.variants[first]
         try:  # the engine's admission, judged against the simulated queue and cost model
             admitted = self.admission.decide(
                 first,
@@ -309,18 +315,18 @@ class _Simulation:
         self._back_off(client)
 
     def _enqueue_ready(self, run: _RequestRun) -> bool:
-        stages = self.policy.spec.stages
+        stage_of = self.stage_of[run.pipeline.name]
         for step in run.pipeline.ready_steps(run.done, run.started):
-            stage = run.pipeline.steps[step].stage
+            stage = stage_of[step]
             task = StageTask(
                 request_id=str(run.request.index),
                 stage=stage,
                 step=step,
-                variant=run.variant if run.variant in stages[stage].variants else "full",
+                variant=run.variant if run.variant in self.variants[stage] else "full",
                 qos_class=run.qos,
                 arrival=run.request.arrival,
                 deadline=run.request.arrival + self.metrics.deadlines[run.qos],
-                inputs=tuple(run.done[d] for d in run.pipeline.steps[step].after),
+                inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
                 enqueued_at=self.clock.now(),
                 kv_tokens=run.request.text_tokens + run.request.output_tokens,
             )

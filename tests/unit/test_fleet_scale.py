@@ -22,8 +22,10 @@ def _fleet(devices: int) -> FleetCosts:
 def test_kept_route_rows_are_the_computed_ones_read_only_and_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(costs, "ROUTE_ROWS_KEPT", 4)
+    monkeypatch.setattr(costs, "ROUTE_ROWS_BYTES", 4 * 16 * 64)  # four rows of 64 devices
+    monkeypatch.setattr(costs, "ROUTE_ROWS_LEAST", 1)
     fleet, fresh = _fleet(64), _fleet(64)
+    assert fleet.rows_kept == 4
     first = fleet.routes_from(3)
     with pytest.raises(ValueError, match="read-only"):
         first[0][0] = 1.0
