@@ -50,13 +50,13 @@ class StageQueue:
         self._aging = aging_per_second
         self._heap: list[tuple[float, float, int, StageTask]] = []
         self._counts = dict.fromkeys(self._classes, 0)
-        self._live = 0
+        self.live = 0  # live tasks (read-only outside): the dispatch loop skips empty queues
         self.items = 0  # items of the live tasks: the work waiting, for admission's estimate
         self.units = 0.0  # their complexity units (admission's other measure of that work)
         self._sequence = itertools.count()
 
     def __len__(self) -> int:
-        return self._live
+        return self.live
 
     def count(self, qos_class: str) -> int:
         """Queued tasks of one class."""
@@ -77,7 +77,7 @@ class StageQueue:
         task.cancelled = False
         task.queued = True
         self._counts[task.qos_class] += 1
-        self._live += 1
+        self.live += 1
         self.items += task.items
         self.units += task.units
 
@@ -100,7 +100,7 @@ class StageQueue:
         task = heapq.heappop(self._heap)[3]
         task.queued = False
         self._counts[task.qos_class] -= 1
-        self._live -= 1
+        self.live -= 1
         self.items -= task.items
         self.units -= task.units
         return task
@@ -110,7 +110,7 @@ class StageQueue:
         from the heap when it reaches the head."""
         if task.queued and not task.cancelled:
             self._counts[task.qos_class] -= 1
-            self._live -= 1
+            self.live -= 1
             self.items -= task.items
             self.units -= task.units
             task.queued = False

@@ -461,7 +461,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             best: StageQueue | None = None
             best_key = -np.inf
             for name, queue in self.queues.items():
-                if name in self._blocked_stages:
+                if not queue.live or name in self._blocked_stages:
                     continue
                 head_key = queue.peek_key()
                 if head_key is not None and head_key > best_key:

@@ -32,6 +32,16 @@ def request_from_kind(kind: RequestKind, index: int, arrival: float) -> SimReque
     )
 
 
+def _cdf(weights: np.ndarray) -> np.ndarray:
+    """The cumulative distribution of drawing each index by its weight (numpy's own
+    normalisation: probabilities, their running sum, divided by its last entry)."""
+    if not len(weights):
+        return weights
+    cdf: np.ndarray = (weights / weights.sum()).cumsum()
+    cdf /= cdf[-1]
+    return cdf
+
+
 class RequestSource:
     """Draws request kinds from the mix, and arrival gaps, with the workload's seed."""
 
@@ -42,12 +52,12 @@ class RequestSource:
         seed = self.spec.seed if stream is None else [self.spec.seed, stream]
         self.rng = np.random.default_rng(seed)
         weights = np.array([k.weight for k in self.spec.mix], dtype=float)
-        self._probabilities = weights / weights.sum() if len(weights) else weights
+        self._cdf = _cdf(weights)
 
     def kind(self, only: str | None = None) -> RequestKind:
         """A kind drawn by weight (``only``: ``images`` or ``audio`` restricts the draw)."""
         kinds = list(self.spec.mix)
-        probabilities = self._probabilities
+        cdf = self._cdf
         if only is not None:
             keep = [
                 (images if only == "images" else audio)
@@ -56,9 +66,10 @@ class RequestSource:
             kinds = [k for k, flag in zip(kinds, keep, strict=True) if flag]
             if not kinds:
                 raise ValueError(f"the mix has no {only} requests to mix in")
-            weights = np.array([k.weight for k in kinds], dtype=float)
-            probabilities = weights / weights.sum()
-        return kinds[int(self.rng.choice(len(kinds), p=probabilities))]
+            cdf = _cdf(np.array([k.weight for k in kinds], dtype=float))
+        # Inverse transform of one uniform draw: the draws of ``rng.choice(n, p=...)``, which
+        # does the same after checking p, in an eighth of its 12 us.
+        return kinds[int(cdf.searchsorted(self.rng.random(), side="right"))]
 
     def gap(self) -> float:
         """Seconds to the next open-loop arrival."""

@@ -152,6 +152,9 @@ class _Simulation:
             for name, pipeline in policy.pipelines.items()
         }
         self.waiting: set[str] = set()  # devices with items in a batcher
+        # Devices whose state this event moved (its own device, those dispatched to): only they
+        # can start something, but on a timer or a warm-up tick, which may move any device.
+        self.touched: set[str] = set()
         self.last_memory_time = 0.0
         self.clients: dict[int, RequestSource] = {}
         self.wake_at = float("inf")
@@ -200,8 +203,10 @@ class _Simulation:
                 self._load_done(*payload)  # type: ignore[misc]
             elif kind == ENGINE_DONE:
                 self._engine_done(*payload)  # type: ignore[misc]
+            if kind in (BATCH_DONE, LOAD_DONE, ENGINE_DONE):
+                self.touched.add(payload[0])  # type: ignore[index]
             self._dispatch()
-            self._start_batches()
+            self._start_batches(visit_all=kind in (TIMER, WARMUP))
             retry = self.scheduler.next_retry_at
             if retry != self.wake_at and retry > when and retry != float("inf"):
                 self.wake_at = retry  # a stage waits for a model's minimum residency to end
@@ -349,6 +354,7 @@ class _Simulation:
                 continue
             device = self.devices[outcome.device_id]
             self.waiting.add(outcome.device_id)
+            self.touched.add(outcome.device_id)
             if outcome.load.load or outcome.load.evict:
                 self.memory_moved.add(self.order[outcome.device_id])
             for victim in outcome.load.evict:
@@ -374,9 +380,15 @@ class _Simulation:
             if due is not None:
                 self.push(due, TIMER, None)
 
-    def _start_batches(self) -> None:
+    def _start_batches(self, visit_all: bool) -> None:
+        """Start what the waiting devices can run now, in fleet order. A device this event
+        did not touch is skipped unless ``visit_all``: its batchers become ready only when
+        dispatched to or on a timer, its engines and loads move only on its own events, so
+        a visit would do nothing (the figures are the same to the last digit either way)."""
         now = self.clock.now()
-        for device_id in sorted(self.waiting, key=self.order.__getitem__):  # in fleet order
+        visit = self.waiting if visit_all else self.waiting & self.touched
+        self.touched.clear()
+        for device_id in sorted(visit, key=self.order.__getitem__):  # in fleet order
             device = self.devices[device_id]
             if device.busy:
                 if device.engine_key is not None:
