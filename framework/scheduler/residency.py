@@ -35,7 +35,7 @@ class ResidencyMixin(PlacementMixin):
         return int(blocks * block * per_token)
 
     def _find_room(
-        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float, kv_bytes: int
     ) -> tuple[int, dict[str, float], LoadPlan] | None:
         """The best device that can make the model resident, and how.
 
@@ -44,9 +44,9 @@ class ResidencyMixin(PlacementMixin):
         evict young idle models that have another replica elsewhere (never the last copy of a
         model, which would only move the thrash). With LLMs batching continuously the spread
         (:meth:`_continuous_spread`) narrows the candidates first; the others are tried when
-        none of those has room, before an overdue task drains a device.
+        none of those has room, before an overdue task drains a device. ``kv_bytes``: the
+        task's :meth:`kv_bytes`.
         """
-        kv_bytes = self.kv_bytes(task, tables)
         overdue = self._bounded and now >= self.overdue_at(task)  # self.overdue(task, now)
         wide = mask
         spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()

@@ -392,19 +392,19 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if self._drains:
             mask &= ~tables.draining
         found = None
+        kv_bytes = self.kv_bytes(task, tables)
         if task.stage in self._preferred:
             local = mask & self._local[task.stage]
-            if np.count_nonzero(local):
-                found = self._find_room(task, tables, local, now)  # where the stage prefers
+            if np.count_nonzero(local):  # where the stage prefers
+                found = self._find_room(task, tables, local, now, kv_bytes)
         if found is None:
-            found = self._find_room(task, tables, mask, now)
+            found = self._find_room(task, tables, mask, now, kv_bytes)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
         if self._drains:
             self._end_drain(index)
         manager = self.memory[index]
-        kv_bytes = self.kv_bytes(task, tables)
         manager.kv_reserved += kv_bytes
         for victim in plan.evict:
             self.tables[victim].resident[index] = False
@@ -426,11 +426,12 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         queued_behind = estimate / float(tables.slots[index])
         self.backlog[index] += queued_behind
         self._backlog_moved(index)
+        device_id = self.devices[index].id
         decision = PlacementDecision(
             task_id=task.id,
             stage=task.stage,
             variant=costs.variant,
-            device_id=self.devices[index].id,
+            device_id=device_id,
             policy=self.placement,
             estimate_s=terms["queue"] + estimate,
             queue_s=terms["queue"],
@@ -447,7 +448,6 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self.stats.counts["loads"] += 1
         self.stats.counts["evictions"] += len(plan.evict)
         task.attempts += 1
-        device_id = self.devices[index].id
         return Dispatch(
             task, device_id, costs.key, plan, decision, estimate, queued_behind, kv_bytes
         )

@@ -64,14 +64,17 @@ class StageTables:
 
     def refresh(self, index: int) -> None:
         """Recompute one device's entries after its pending count, correction or residency moved."""
-        slot = min(int(self.pending[index]), self.costs.hint.max_batch - 1)
-        self.next_compute[index] = self.costs.marginal_s[index, slot] * self.correction[index]
-        unit = self.costs.marginal_s[index, 0] * self.correction[index]
+        costs = self.costs
+        pending = int(self.pending[index])
+        correction = self.correction[index]
+        row = costs.marginal_s[index]
+        self.next_compute[index] = row[min(pending, costs.hint.max_batch - 1)] * correction
+        unit = row[0] * correction
         if unit != self.unit_s[index]:
             self.unit_s[index] = unit
             self.fastest_s = None
-        self.load_now[index] = 0.0 if self.resident[index] else self.costs.load_s[index]
-        self.has_room[index] = self.pending[index] < self.limit[index]
+        self.load_now[index] = 0.0 if self.resident[index] else costs.load_s[index]
+        self.has_room[index] = pending < self.limit[index]
         self.moved.add(index)
 
 
