@@ -43,6 +43,8 @@ from typing import Any
 
 from rbloom import Bloom
 
+from hetero.cache.window_steering import MIN_PERIOD as STEERING_PERIOD_MIN
+from hetero.cache.window_steering import PERIOD as STEERING_PERIOD
 from hetero.cache.window_steering import WindowSteering
 
 __all__ = ["FrequencySketch", "MemoryTier"]
@@ -276,9 +278,23 @@ class MemoryTier:
             if digest in data:
                 self._remove(digest)
             elif steering is not None and not digest[8] & steering.mask:
-                change = steering.request(digest, size, False)
-                if change:
-                    self._resize_window(self.window_max + change)
+                # steering.request(digest, size, False), inlined: every sampled miss's path
+                shadow = steering.shadow
+                if digest in shadow:
+                    shadow.move_to_end(digest)
+                    steering.lru_hits += 1
+                else:
+                    shadow[digest] = size
+                    held_bytes, budget = steering.held + size, steering.budget
+                    while held_bytes > budget and shadow:
+                        held_bytes -= shadow.popitem(False)[1]
+                    steering.held = held_bytes
+                requests = steering.requests + 1
+                steering.requests = requests
+                if requests >= STEERING_PERIOD_MIN and requests >= STEERING_PERIOD * len(shadow):
+                    change = steering.verdict()
+                    if change:
+                        self._resize_window(self.window_max + change)
             # The digest's own bits (not hash(), which differs between processes): the same
             # stream gives the same decisions everywhere. The sketch's slots and the
             # doorkeeper use bytes 0-7, the steering's sample byte 8.
