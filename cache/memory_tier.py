@@ -464,12 +464,13 @@ class MemoryTier:
                 self.rejections += 1
                 evicted += 1
             self.evictions += evicted
-            if total > max_bytes:
-                total = self._drop_oldest(total)
+            # No sketch growth to check here: a write on a full tier leaves as many entries or
+            # fewer (the new one came in, and a victim or a candidate left).
+            if total > max_bytes:  # nobody left to duel with
+                self._held = self._drop_oldest(total)
+                return digest in data
             self._held = total
-            if len(data) > self._grow_at:
-                self._grow_sketch()
-            return digest in data
+            return admitted or candidate is not digest  # else the new entry lost its duel
         finally:
             lock.release()
 
