@@ -235,9 +235,9 @@ class FeatureCache:
         reads = self._reads + 1
         self._reads = reads
         if reads % SAMPLE_EVERY:
-            # The common read (costs are tracked on a sample): no timing, and _read_lower
-            # and _accept inlined for a hit in the first lower tier with nothing to promote
-            # it to and nothing to decrypt, as an L3 hit with the memory tier off is.
+            # The common read (costs are tracked on a sample): no timing, and _accept inlined
+            # for a hit in the first lower tier with nothing to promote it to and nothing to
+            # decrypt (an L3 hit with the memory tier off).
             text = key.text
             lower = self._lower  # one list throughout: _order swaps in a new one
             for index, tier in enumerate(lower):
