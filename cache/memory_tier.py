@@ -381,33 +381,30 @@ class MemoryTier:
                 self._drain()  # in _evict)
                 wanted = -1
             window_max = self.window_max
-            candidate: bytes | None = None
             if window or size <= window_max:
                 window[digest] = entry
-                sizes[WINDOW] += size
-                if sizes[WINDOW] <= window_max:  # none leaves the window
+                window_bytes = sizes[WINDOW] + size
+                sizes[WINDOW] = window_bytes
+                if window_bytes <= window_max:  # none leaves the window
                     self._evict(None)
-                else:
-                    candidate, held = window.popitem(False)
-                    sizes[WINDOW] -= held[SIZE]
-                    wanted = -1  # the candidate is an older entry: its own estimate below
-                    if sizes[WINDOW] > window_max and window:  # several leave: _evict's path
-                        leaving = [(candidate, held)]
-                        while sizes[WINDOW] > window_max and window:
-                            candidate, held = window.popitem(False)
-                            sizes[WINDOW] -= held[SIZE]
-                            leaving.append((candidate, held))
-                        leaving.reverse()
-                        candidate = None
-                        self._evict_candidates(leaving, total)
-            else:
-                candidate, held = digest, entry
-            if candidate is None:
-                if len(data) > self._grow_at:
-                    self._grow_sketch()
-                return digest in data
+                    return digest in data
+                candidate, held = window.popitem(False)
+                _, moved, _, _, key_hash, a, b, c, d = held
+                window_bytes -= moved
+                sizes[WINDOW] = window_bytes
+                if window_bytes > window_max and window:  # several leave: _evict's path
+                    leaving = [(candidate, held)]
+                    while sizes[WINDOW] > window_max and window:
+                        candidate, held = window.popitem(False)
+                        sizes[WINDOW] -= held[SIZE]
+                        leaving.append((candidate, held))
+                    leaving.reverse()
+                    self._evict_candidates(leaving, total)
+                    return digest in data
+                wanted = -1  # the candidate is an older entry: its own estimate below
+            else:  # the new entry is the candidate (a, b, c, d and key_hash are its own)
+                candidate, held, moved = digest, entry, size
             if wanted < 0:
-                _, _, _, _, key_hash, a, b, c, d = held
                 wanted = row0[a]
                 count = row1[b]
                 if count < wanted:
@@ -457,10 +454,10 @@ class MemoryTier:
             if admitted:
                 probation[candidate] = held
                 held[QUEUE] = PROBATION
-                sizes[PROBATION] += held[SIZE]
+                sizes[PROBATION] += moved
             else:
                 del data[candidate]
-                total -= held[SIZE]
+                total -= moved
                 self.rejections += 1
                 evicted += 1
             self.evictions += evicted
