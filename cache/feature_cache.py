@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 PROBE_READS = 15
 SMOOTHING = 0.2
 SAMPLE_EVERY = 16
+_monotonic = time.monotonic
 
 
 class _Tier(Protocol):
@@ -224,42 +225,60 @@ class FeatureCache:
                 return None, None
         memory = self.memory
         if memory is not None:
-            value = memory.get(key.digest, time.monotonic())
+            value = memory.get(key.digest, _monotonic())
             if value is not None:
                 self._hits["memory"] += 1
                 return value, "memory"
         if self._trust_bloom and not self.bloom.might_contain(key.digest):
             self.metrics.bloom_negative_count += 1
             return None, None
-        value, name = self._read_lower(key, cipher)
+        reads = self._reads + 1
+        self._reads = reads
+        if reads % SAMPLE_EVERY:
+            # The common read (costs are tracked on a sample): no timing, and _accept inlined
+            # for a hit in the first lower tier with nothing to promote it to and nothing to
+            # decrypt (an L3 hit with the memory tier off).
+            text = key.text
+            lower = self._lower  # one list throughout: _order swaps in a new one
+            for index, tier in enumerate(lower):
+                blob = tier.get(text)
+                if blob is None:
+                    continue
+                if index or cipher is not None or memory is not None:
+                    value = self._accept(tier, key, cipher, blob, lower[:index])
+                else:
+                    try:
+                        value = decode(blob, tier.name)
+                    except Exception as err:
+                        self._unreadable(tier, key, err)
+                        continue
+                    self._hits[tier.name] += 1
+                if value is not None:
+                    return value, tier.name
+            value, name = None, None
+        else:
+            value, name = self._read_lower_timed(key, cipher)
         if value is None:
             self.metrics.miss_count += 1
         return value, name
 
     def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
-        return self._read_lower(key, cipher)[0]
-
-    def _read_lower(self, key: FeatureKey, cipher: Cipher | None) -> tuple[Any | None, str | None]:
-        """(the value from the fastest lower tier that has it, that tier), or (None, None)."""
-        reads = self._reads + 1
-        self._reads = reads
-        if reads % SAMPLE_EVERY:  # the common read: no timing (costs are tracked on a sample)
-            text = key.text
-            faster: list[_Tier] = []
-            for tier in self._lower:
-                blob = tier.get(text)
-                if blob is not None:
-                    value = self._accept(tier, key, cipher, blob, faster)
-                    if value is not None:
-                        return value, tier.name
-                faster.append(tier)
-            return None, None
-        return self._read_lower_timed(key, cipher)
+        """The value from the fastest lower tier that has it (single-flight's poll)."""
+        faster: list[_Tier] = []
+        for tier in self._lower:
+            blob = tier.get(key.text)
+            if blob is not None:
+                value = self._accept(tier, key, cipher, blob, faster)
+                if value is not None:
+                    return value
+            faster.append(tier)
+        return None
 
     def _read_lower_timed(
         self, key: FeatureKey, cipher: Cipher | None
     ) -> tuple[Any | None, str | None]:
-        """:meth:`_read_lower` with each tier's read timed, and the tiers reordered after."""
+        """:meth:`lookup`'s read of the lower tiers with each tier's read timed, and the tiers
+        reordered after."""
         faster: list[_Tier] = []
         for tier in self._lower:
             started = time.perf_counter()
@@ -288,9 +307,7 @@ class FeatureCache:
         try:
             value = decode(cipher.decrypt(blob, key.text.encode()) if cipher else blob, tier.name)
         except Exception as err:  # a corrupt or tampered entry is a miss, and goes
-            self.metrics.corrupt.labels(tier.name).inc()
-            logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
-            tier.delete(key.text)
+            self._unreadable(tier, key, err)
             return None
         self._hits[tier.name] += 1
         if faster or self.memory is not None:
@@ -301,6 +318,12 @@ class FeatureCache:
             if self.memory is not None:
                 self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
         return value
+
+    def _unreadable(self, tier: _Tier, key: FeatureKey, err: Exception) -> None:
+        """A corrupt or tampered entry: counted, logged, removed (a miss)."""
+        self.metrics.corrupt.labels(tier.name).inc()
+        logger.warning("%s: dropping unreadable entry %s: %s", tier.name, key.text, err)
+        tier.delete(key.text)
 
     def get_many(self, keys: Sequence[FeatureKey]) -> list[Any | None]:
         """The cached values of several keys, in order (None where missing): memory and the

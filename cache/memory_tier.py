@@ -43,6 +43,8 @@ from typing import Any
 
 from rbloom import Bloom
 
+from hetero.cache.window_steering import MIN_PERIOD as STEERING_PERIOD_MIN
+from hetero.cache.window_steering import PERIOD as STEERING_PERIOD
 from hetero.cache.window_steering import WindowSteering
 
 __all__ = ["FrequencySketch", "MemoryTier"]
@@ -64,8 +66,9 @@ RECENCY_SLACK = 1  # on a recency stream a candidate this much less frequent sti
 WARM = 7  # a warm candidate (6 counts past the doorkeeper, Caffeine's threshold) that loses still
 # enters 1 time in 128 (Caffeine's jitter)
 
-# An entry is a list (cheaper to build and read than an object); these are its fields.
-VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOTS = range(6)
+# An entry is a flat list (cheaper to build and read than an object, and one unpacking gives
+# every field); these are its fields, the last four the key's counter in each sketch row.
+VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOT0, SLOT1, SLOT2, SLOT3 = range(9)
 WINDOW, PROBATION, PROTECTED = range(3)
 
 Slots = tuple[int, int, int, int]
@@ -78,43 +81,37 @@ _PIECES = struct.Struct("<4H").unpack_from
 class FrequencySketch:
     """A count-min sketch of 4-bit counters behind a doorkeeper, halved periodically.
 
-    Four rows of ``width`` counters in one table; a key's four counters come from four 16-bit
-    pieces of its hash (the key is a BLAKE2b digest, so the pieces are independent). The
-    doorkeeper is an rbloom filter of the keys seen since the last halving.
+    Four rows of ``width`` counters, one ``bytearray`` each; a key's four counters come from
+    four 16-bit pieces of its hash (the key is a BLAKE2b digest, so the pieces are independent),
+    masked to the width: a row's own index, no offset to add. The doorkeeper is an rbloom filter
+    of the keys seen since the last halving.
     """
 
     def __init__(self, width: int) -> None:
         self.width = 1 << min(MAX_WIDTH_BITS, max(6, (width - 1).bit_length()))
         self.mask = self.width - 1
-        self.table = bytearray(4 * self.width)
+        self.rows = tuple(bytearray(self.width) for _ in range(4))
         self.sample = 10 * self.width
         self.door = Bloom(self.sample, 0.01)
         self.added = 0  # requests counted since the last halving
 
     def slots(self, key_hash: int) -> Slots:
-        """The key's four counters."""
-        mask, width = self.mask, self.width
+        """The key's four counters (one index in each row)."""
+        mask = self.mask
         return (
             key_hash & mask,
-            width + ((key_hash >> 16) & mask),
-            2 * width + ((key_hash >> 32) & mask),
-            3 * width + ((key_hash >> 48) & mask),
+            (key_hash >> 16) & mask,
+            (key_hash >> 32) & mask,
+            (key_hash >> 48) & mask,
         )
 
     def increment(self, key_hash: int, slots: Slots) -> None:
         """Count one request: the first since the last halving only passes the doorkeeper."""
         door = self.door
         if key_hash in door:
-            table = self.table
-            a, b, c, d = slots
-            if table[a] < MAX_COUNT:
-                table[a] += 1
-            if table[b] < MAX_COUNT:
-                table[b] += 1
-            if table[c] < MAX_COUNT:
-                table[c] += 1
-            if table[d] < MAX_COUNT:
-                table[d] += 1
+            for row, slot in zip(self.rows, slots, strict=True):
+                if row[slot] < MAX_COUNT:
+                    row[slot] += 1
         else:
             door.add(key_hash)
         self.added += 1
@@ -123,18 +120,34 @@ class FrequencySketch:
 
     def frequency(self, key_hash: int, slots: Slots) -> int:
         """How often the key was asked for recently (an upper bound)."""
-        table = self.table
+        row0, row1, row2, row3 = self.rows
         a, b, c, d = slots
-        return min(table[a], table[b], table[c], table[d]) + (key_hash in self.door)
+        return min(row0[a], row1[b], row2[c], row3[d]) + (key_hash in self.door)
 
     def halve(self) -> None:
-        """Age: every counter halves and the doorkeeper forgets."""
-        self.table = self.table.translate(_HALF)
+        """Age: every counter halves (in place: the rows stay the same objects, so a caller
+        holding them reads the halved counts) and the doorkeeper forgets."""
+        for row in self.rows:
+            row[:] = row.translate(_HALF)
         self.door.clear()
         self.added //= 2
 
 
 _HALF = bytes(value >> 1 for value in range(256))
+
+
+def _estimate(sketch: FrequencySketch, entry: list[Any]) -> int:
+    """An entry's frequency (FrequencySketch.frequency over the entry's own fields)."""
+    row0, row1, row2, row3 = sketch.rows
+    _, _, _, _, key_hash, a, b, c, d = entry
+    count: int = row0[a]
+    if row1[b] < count:
+        count = row1[b]
+    if row2[c] < count:
+        count = row2[c]
+    if row3[d] < count:
+        count = row3[d]
+    return count + (key_hash in sketch.door)
 
 
 class MemoryTier:
@@ -223,9 +236,29 @@ class MemoryTier:
             sizes[PROBATION] += old[SIZE]
 
     def _drain(self) -> None:
-        increment = self._sketch.increment
-        for entry in self._reads:
-            increment(entry[HASH], entry[SLOTS])
+        """The buffered hits reach the sketch (FrequencySketch.increment, inlined)."""
+        sketch = self._sketch
+        door, sample = sketch.door, sketch.sample
+        row0, row1, row2, row3 = sketch.rows  # halve() keeps the rows: they stay valid
+        added = sketch.added
+        for _, _, _, _, key_hash, a, b, c, d in self._reads:
+            if key_hash in door:
+                if row0[a] < MAX_COUNT:
+                    row0[a] += 1
+                if row1[b] < MAX_COUNT:
+                    row1[b] += 1
+                if row2[c] < MAX_COUNT:
+                    row2[c] += 1
+                if row3[d] < MAX_COUNT:
+                    row3[d] += 1
+            else:
+                door.add(key_hash)
+            added += 1
+            if added >= sample:
+                sketch.added = added
+                sketch.halve()
+                added = sketch.added
+        sketch.added = added
         self._reads.clear()
 
     # --- writes ------------------------------------------------------------------------------
@@ -245,59 +278,74 @@ class MemoryTier:
             if digest in data:
                 self._remove(digest)
             elif steering is not None and not digest[8] & steering.mask:
-                change = steering.request(digest, size, False)
-                if change:
-                    self._resize_window(self.window_max + change)
+                # steering.request(digest, size, False), inlined: every sampled miss's path
+                shadow = steering.shadow
+                if digest in shadow:
+                    shadow.move_to_end(digest)
+                    steering.lru_hits += 1
+                else:
+                    shadow[digest] = size
+                    held_bytes, budget = steering.held + size, steering.budget
+                    while held_bytes > budget and shadow:
+                        held_bytes -= shadow.popitem(False)[1]
+                    steering.held = held_bytes
+                requests = steering.requests + 1
+                steering.requests = requests
+                if requests >= STEERING_PERIOD_MIN and requests >= STEERING_PERIOD * len(shadow):
+                    change = steering.verdict()
+                    if change:
+                        self._resize_window(self.window_max + change)
             # The digest's own bits (not hash(), which differs between processes): the same
             # stream gives the same decisions everywhere. The sketch's slots and the
             # doorkeeper use bytes 0-7, the steering's sample byte 8.
             sketch = self._sketch
-            mask, width = sketch.mask, sketch.width
+            mask = sketch.mask
             a, b, c, d = _PIECES(digest)
             a &= mask
-            b = width + (b & mask)
-            c = 2 * width + (c & mask)
-            d = 3 * width + (d & mask)
+            b &= mask
+            c &= mask
+            d &= mask
             (key_hash,) = _HASH64(digest)
-            entry = [value, size, expires_at, WINDOW, key_hash, (a, b, c, d)]
+            entry = [value, size, expires_at, WINDOW, key_hash, a, b, c, d]
             data[digest] = entry
             # The sketch counts the write at once (the duel this write may start needs it), and
             # the same reads give the entry's own estimate: FrequencySketch.increment and
             # frequency fused, as this is every miss's path.
-            door, table = sketch.door, sketch.table
+            door = sketch.door
+            row0, row1, row2, row3 = sketch.rows  # halve() keeps the rows: they stay valid
             if key_hash in door:
-                wanted = table[a]
+                wanted = row0[a]
                 if wanted < MAX_COUNT:
                     wanted += 1
-                    table[a] = wanted
-                count = table[b]
+                    row0[a] = wanted
+                count = row1[b]
                 if count < MAX_COUNT:
                     count += 1
-                    table[b] = count
+                    row1[b] = count
                 if count < wanted:
                     wanted = count
-                count = table[c]
+                count = row2[c]
                 if count < MAX_COUNT:
                     count += 1
-                    table[c] = count
+                    row2[c] = count
                 if count < wanted:
                     wanted = count
-                count = table[d]
+                count = row3[d]
                 if count < MAX_COUNT:
                     count += 1
-                    table[d] = count
+                    row3[d] = count
                 if count < wanted:
                     wanted = count
             else:
                 door.add(key_hash)
-                wanted = table[a]
-                count = table[b]
+                wanted = row0[a]
+                count = row1[b]
                 if count < wanted:
                     wanted = count
-                count = table[c]
+                count = row2[c]
                 if count < wanted:
                     wanted = count
-                count = table[d]
+                count = row3[d]
                 if count < wanted:
                     wanted = count
             wanted += 1  # the doorkeeper holds it now
@@ -306,114 +354,120 @@ class MemoryTier:
             if added >= sketch.sample:
                 sketch.halve()
                 wanted = -1  # the counts changed: read again below
-            sizes = self._bytes
             total = self._held + size
             window = self._window
             if total <= max_bytes:
                 window[digest] = entry
-                sizes[WINDOW] += size
+                self._bytes[WINDOW] += size
                 self._held = total
-            elif steering is None:  # the first fill (the steering starts): _evict
+                if len(data) > self._grow_at:
+                    self._grow_sketch()
+                return True
+            sizes = self._bytes
+            if steering is None:  # the first fill (the steering starts): _evict
                 if window or size <= self.window_max:
                     window[digest] = entry
                     sizes[WINDOW] += size
                     self._evict(None)
                 else:  # the window cannot hold it even alone: it is at once the candidate
                     self._evict((digest, entry))
-            else:
-                # The common full-tier write, inlined (as _evict and _duel do it, without
-                # their calls and lists): one candidate, the window's oldest or the new entry
-                # itself when the window cannot hold it, duels with the main space's oldest.
-                if self._reads:  # duels see every request so far (after this write's count,
-                    self._drain()  # as in _evict)
-                    wanted = -1
-                window_max = self.window_max
-                candidate: bytes | None = None
-                if window or size <= window_max:
-                    window[digest] = entry
-                    sizes[WINDOW] += size
-                    if sizes[WINDOW] <= window_max:  # none leaves the window
-                        self._evict(None)
-                    else:
+                if len(data) > self._grow_at:
+                    self._grow_sketch()
+                return digest in data
+            # The common full-tier write, inlined (as _evict and _duel do it, without their
+            # calls and lists): one candidate, the window's oldest or the new entry itself when
+            # the window cannot hold it, duels with the main space's oldest.
+            if self._reads:  # duels see every request so far (after this write's count, as
+                self._drain()  # in _evict)
+                wanted = -1
+            window_max = self.window_max
+            if window or size <= window_max:
+                window[digest] = entry
+                window_bytes = sizes[WINDOW] + size
+                sizes[WINDOW] = window_bytes
+                if window_bytes <= window_max:  # none leaves the window
+                    self._evict(None)
+                    return digest in data
+                candidate, held = window.popitem(False)
+                _, moved, _, _, key_hash, a, b, c, d = held
+                window_bytes -= moved
+                sizes[WINDOW] = window_bytes
+                if window_bytes > window_max and window:  # several leave: _evict's path
+                    leaving = [(candidate, held)]
+                    while sizes[WINDOW] > window_max and window:
                         candidate, held = window.popitem(False)
                         sizes[WINDOW] -= held[SIZE]
-                        wanted = -1  # the candidate is an older entry: its own estimate below
-                        if sizes[WINDOW] > window_max and window:  # several leave: _evict's
-                            leaving = [(candidate, held)]
-                            while sizes[WINDOW] > window_max and window:
-                                candidate, held = window.popitem(False)
-                                sizes[WINDOW] -= held[SIZE]
-                                leaving.append((candidate, held))
-                            leaving.reverse()
-                            candidate = None
-                            self._evict_candidates(leaving, total)
+                        leaving.append((candidate, held))
+                    leaving.reverse()
+                    self._evict_candidates(leaving, total)
+                    return digest in data
+                wanted = -1  # the candidate is an older entry: its own estimate below
+            else:  # the new entry is the candidate (a, b, c, d and key_hash are its own)
+                candidate, held, moved = digest, entry, size
+            if wanted < 0:
+                wanted = row0[a]
+                count = row1[b]
+                if count < wanted:
+                    wanted = count
+                count = row2[c]
+                if count < wanted:
+                    wanted = count
+                count = row3[d]
+                if count < wanted:
+                    wanted = count
+                wanted += key_hash in door
+            probation = self._probation
+            recency = steering.recency
+            admitted = True
+            evicted = 0
+            while total > max_bytes:  # _duel, inlined
+                source = probation or self._protected
+                if not source:
+                    break
+                victim, old = source.popitem(False)
+                _, freed, _, queue, key_hash, a, b, c, d = old
+                incumbent = row0[a]
+                count = row1[b]
+                if count < incumbent:
+                    incumbent = count
+                count = row2[c]
+                if count < incumbent:
+                    incumbent = count
+                count = row3[d]
+                if count < incumbent:
+                    incumbent = count
+                incumbent += key_hash in door
+                if (
+                    wanted > incumbent
+                    or (recency and wanted + RECENCY_SLACK >= incumbent)
+                    or (wanted < incumbent and wanted >= WARM and self._random.random() < 1 / 128)
+                ):
+                    del data[victim]
+                    sizes[queue] -= freed
+                    total -= freed
+                    evicted += 1
                 else:
-                    candidate, held = digest, entry
-                if candidate is not None:
-                    table = sketch.table
-                    if wanted < 0:
-                        a, b, c, d = held[SLOTS]
-                        wanted = table[a]
-                        if table[b] < wanted:
-                            wanted = table[b]
-                        if table[c] < wanted:
-                            wanted = table[c]
-                        if table[d] < wanted:
-                            wanted = table[d]
-                        wanted += held[HASH] in door
-                    probation = self._probation
-                    recency = steering.recency
-                    admitted = True
-                    evicted = 0
-                    while total > max_bytes:  # _duel, inlined
-                        source = probation or self._protected
-                        if not source:
-                            break
-                        victim, old = source.popitem(False)
-                        a, b, c, d = old[SLOTS]
-                        incumbent = table[a]
-                        if table[b] < incumbent:
-                            incumbent = table[b]
-                        if table[c] < incumbent:
-                            incumbent = table[c]
-                        if table[d] < incumbent:
-                            incumbent = table[d]
-                        incumbent += old[HASH] in door
-                        if (
-                            wanted > incumbent
-                            or (recency and wanted + RECENCY_SLACK >= incumbent)
-                            or (
-                                wanted < incumbent
-                                and wanted >= WARM
-                                and self._random.random() < 1 / 128
-                            )
-                        ):
-                            del data[victim]
-                            freed = old[SIZE]
-                            sizes[old[QUEUE]] -= freed
-                            total -= freed
-                            evicted += 1
-                        else:
-                            source[victim] = old
-                            source.move_to_end(victim, False)
-                            admitted = False
-                            break
-                    if admitted:
-                        probation[candidate] = held
-                        held[QUEUE] = PROBATION
-                        sizes[PROBATION] += held[SIZE]
-                    else:
-                        del data[candidate]
-                        total -= held[SIZE]
-                        self.rejections += 1
-                        evicted += 1
-                    self.evictions += evicted
-                    if total > max_bytes:
-                        total = self._drop_oldest(total)
-                    self._held = total
-            if len(data) > self._grow_at:
-                self._grow_sketch()
-            return digest in data
+                    source[victim] = old
+                    source.move_to_end(victim, False)
+                    admitted = False
+                    break
+            if admitted:
+                probation[candidate] = held
+                held[QUEUE] = PROBATION
+                sizes[PROBATION] += moved
+            else:
+                del data[candidate]
+                total -= moved
+                self.rejections += 1
+                evicted += 1
+            self.evictions += evicted
+            # No sketch growth to check here: a write on a full tier leaves as many entries or
+            # fewer (the new one came in, and a victim or a candidate left).
+            if total > max_bytes:  # nobody left to duel with
+                self._held = self._drop_oldest(total)
+                return digest in data
+            self._held = total
+            return admitted or candidate is not digest  # else the new entry lost its duel
         finally:
             lock.release()
 
@@ -437,18 +491,8 @@ class MemoryTier:
     def _evict_candidates(self, candidates: list[tuple[bytes, list[Any]]], total: int) -> None:
         """Each candidate duels in turn; if the tier is still over budget, the oldest go."""
         sketch = self._sketch
-        table, door = sketch.table, sketch.door
         for digest, entry in candidates:
-            a, b, c, d = entry[SLOTS]
-            wanted = table[a]
-            if table[b] < wanted:
-                wanted = table[b]
-            if table[c] < wanted:
-                wanted = table[c]
-            if table[d] < wanted:
-                wanted = table[d]
-            wanted += entry[HASH] in door
-            total = self._duel(digest, entry, wanted, total)
+            total = self._duel(digest, entry, _estimate(sketch, entry), total)
         if total > self.max_bytes:
             total = self._drop_oldest(total)
         self._held = total
@@ -466,7 +510,6 @@ class MemoryTier:
         )
         max_bytes = self.max_bytes
         sketch = self._sketch
-        table, door = sketch.table, sketch.door
         recency = self._steering.recency if self._steering is not None else False
         evicted = 0
         while total > max_bytes:
@@ -480,15 +523,7 @@ class MemoryTier:
             # often (a recency stream: the newer entry is the better bet); a warm candidate
             # sometimes wins a lost duel, so nobody can pin a victim by keeping its frequency
             # just above everything else.
-            a, b, c, d = held[SLOTS]
-            incumbent = table[a]
-            if table[b] < incumbent:
-                incumbent = table[b]
-            if table[c] < incumbent:
-                incumbent = table[c]
-            if table[d] < incumbent:
-                incumbent = table[d]
-            incumbent += held[HASH] in door
+            incumbent = _estimate(sketch, held)
             if (
                 wanted > incumbent
                 or (recency and wanted + RECENCY_SLACK >= incumbent)
@@ -571,9 +606,9 @@ class MemoryTier:
         self._grow_at = width // SKETCH_PER_ENTRY if width < 1 << MAX_WIDTH_BITS else 1 << 62
         slots = self._sketch.slots
         for entry in self._data.values():
-            entry[SLOTS] = slots(entry[HASH])
+            entry[SLOT0 : SLOT3 + 1] = slots(entry[HASH])
         for entry in self._reads:
-            entry[SLOTS] = slots(entry[HASH])
+            entry[SLOT0 : SLOT3 + 1] = slots(entry[HASH])
 
     # --- removal -----------------------------------------------------------------------------
 

@@ -56,38 +56,45 @@ class WindowSteering:
         # Sampled: the low ``shift`` bits of the digest's ninth byte are zero (the sketch's
         # slots use bytes 0-7), so at most one key in 256 when the tier is very large.
         self.mask = ((1 << self.shift) - 1) & 0xFF
-        self._budget = max_bytes >> self.shift
+        # Read and written by MemoryTier.put too (this class's request() for a tier miss,
+        # inlined there: it is every sampled miss's path).
+        self.budget = max_bytes >> self.shift
         self._step = int(STEP * max_bytes)
-        self._shadow: OrderedDict[bytes, int] = OrderedDict()
-        self._bytes = 0
-        self._requests = 0
+        self.shadow: OrderedDict[bytes, int] = OrderedDict()
+        self.held = 0  # the shadow's bytes
+        self.requests = 0
         self._tier_hits = 0
-        self._lru_hits = 0
+        self.lru_hits = 0
         self._idle = 0
         self.recency = False  # whether LRU hit at least as often in the last period
 
     def request(self, digest: bytes, size: int, tier_hit: bool) -> int:
         """Record one request for a sampled key; the bytes by which the window should change
         (0 until a period ends)."""
-        shadow = self._shadow
+        shadow = self.shadow
         if digest in shadow:  # an LRU hit: it counts if the tier missed
             shadow.move_to_end(digest)
             if not tier_hit:
-                self._lru_hits += 1
+                self.lru_hits += 1
         else:  # an LRU miss: it counts if the tier hit
             shadow[digest] = size
-            held, budget = self._bytes + size, self._budget
+            held, budget = self.held + size, self.budget
             while held > budget and shadow:
                 held -= shadow.popitem(False)[1]
-            self._bytes = held
+            self.held = held
             if tier_hit:
                 self._tier_hits += 1
-        requests = self._requests + 1
-        self._requests = requests
+        requests = self.requests + 1
+        self.requests = requests
         if requests < MIN_PERIOD or requests < PERIOD * len(shadow):
             return 0
-        tier, lru = self._tier_hits, self._lru_hits  # requests only one of them hit
-        self._tier_hits = self._lru_hits = self._requests = 0
+        return self.verdict()
+
+    def verdict(self) -> int:
+        """The period is over: the bytes by which the window should change, and a new
+        period starts."""
+        tier, lru = self._tier_hits, self.lru_hits  # requests only one of them hit
+        self._tier_hits = self.lru_hits = self.requests = 0
         self.recency = lru >= tier
         noise = math.sqrt(tier + lru)
         if lru - tier > Z_GROW * noise:

@@ -53,9 +53,9 @@ def test_bytes_that_are_no_entry_say_why(blob: bytes, reason: str) -> None:
 
 
 def test_array_layouts_parsed_once_still_decode_each_shape_and_dtype() -> None:
-    """The header cache keys on the exact header bytes: arrays of other shapes or dtypes after
-    a cached one decode as themselves, a truncated body is still corrupt, and the cache stays
-    bounded."""
+    """Layouts are kept by entry length and matched on the exact header bytes: arrays of other
+    shapes or dtypes after a cached one (the same length too) decode as themselves, a truncated
+    body is still corrupt, and the cache stays bounded."""
     from hetero.cache import codec
 
     first = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -69,3 +69,17 @@ def test_array_layouts_parsed_once_still_decode_each_shape_and_dtype() -> None:
     for n in range(codec.LAYOUTS_KEPT + 10):
         assert decode(encode(np.zeros(n + 1, np.uint8))).shape == (n + 1,)
     assert len(codec._LAYOUTS) <= codec.LAYOUTS_KEPT
+
+
+def test_the_short_path_for_a_known_layout_still_checks_and_still_tells_kinds_apart() -> None:
+    value = np.arange(64, dtype=np.float32)
+    blob = encode(value)
+    assert np.array_equal(decode(blob), value)  # its layout is known from here on
+    flipped = bytearray(blob)
+    flipped[-1] ^= 0x01  # an array byte: the header still matches the known layout
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode(bytes(flipped), "disk")
+    assert decode(bytes(flipped), verified=True)[-1] != value[-1]  # asked not to check
+    text = "x" * (len(blob) - 13 - 2)  # a JSON entry exactly as long as the array's
+    other = encode(text)
+    assert len(other) == len(blob) and decode(other) == text
