@@ -100,8 +100,9 @@ class DeviceSpec:
 
     def peak_flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``, falling back to fp32 and then to the slowest known dtype."""
-        if dtype in self.peak_flops:
-            return self.peak_flops[dtype]
+        peak = self.peak_flops.get(dtype)  # one look-up of the persistent map, not two
+        if peak is not None:
+            return peak
         if "fp32" in self.peak_flops:
             return self.peak_flops["fp32"]
         return min(self.peak_flops.values())

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from hetero.framework.errors import QueueFullError
 from hetero.framework.scheduler.tasks import StageTask
 
-__all__ = ["QueueClass", "StageQueue", "overtaking_window", "starvation_bound"]
+__all__ = ["LiveTally", "QueueClass", "StageQueue", "overtaking_window", "starvation_bound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,28 @@ class QueueClass:
     bound: int
 
 
+class LiveTally:
+    """Live tasks over several queues (read-only outside them): a dispatch with every queue
+    empty answers at once instead of asking each stage."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class StageQueue:
-    """The queue of one stage."""
+    """The queue of one stage (``tally``: shared with the other stages' queues, or its own)."""
 
     def __init__(
-        self, stage: str, classes: Mapping[str, QueueClass], aging_per_second: float
+        self,
+        stage: str,
+        classes: Mapping[str, QueueClass],
+        aging_per_second: float,
+        tally: LiveTally | None = None,
     ) -> None:
         self.stage = stage
+        self.tally = tally if tally is not None else LiveTally()
         self._classes = dict(classes)
         self._aging = aging_per_second
         self._heap: list[tuple[float, float, int, StageTask]] = []
@@ -78,6 +93,7 @@ class StageQueue:
         task.queued = True
         self._counts[task.qos_class] += 1
         self.live += 1
+        self.tally.count += 1
         self.items += task.items
         self.units += task.units
 
@@ -101,6 +117,7 @@ class StageQueue:
         task.queued = False
         self._counts[task.qos_class] -= 1
         self.live -= 1
+        self.tally.count -= 1
         self.items -= task.items
         self.units -= task.units
         return task
@@ -111,6 +128,7 @@ class StageQueue:
         if task.queued and not task.cancelled:
             self._counts[task.qos_class] -= 1
             self.live -= 1
+            self.tally.count -= 1
             self.items -= task.items
             self.units -= task.units
             task.queued = False

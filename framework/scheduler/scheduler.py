@@ -39,7 +39,7 @@ from hetero.framework.scheduler.decisions import (
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
 from hetero.framework.scheduler.memory import MemoryManager
-from hetero.framework.scheduler.queues import QueueClass, StageQueue
+from hetero.framework.scheduler.queues import LiveTally, QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
 from hetero.framework.scheduler.tables import StageTables, compute_groups
 from hetero.framework.scheduler.tasks import StageTask
@@ -126,8 +126,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             for name, c in spec.qos.classes.items()
         }
         # Sorted: the policy's maps iterate in hash order, and dispatch breaks ties by this order.
+        self._queued = LiveTally()  # live tasks over every stage's queue
         self.queues = {
-            name: StageQueue(name, classes, spec.qos.aging_per_second)
+            name: StageQueue(name, classes, spec.qos.aging_per_second, self._queued)
             for name in sorted(spec.stages)
         }
         # How long a class's task waits for room before minimum residency stops protecting
@@ -318,7 +319,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         classes = {
             n: QueueClass(weight=c.weight, bound=c.queue_bound) for n, c in spec.qos.classes.items()
         }
-        queues = {**self.queues, name: StageQueue(name, classes, spec.qos.aging_per_second)}
+        queue = StageQueue(name, classes, spec.qos.aging_per_second, self._queued)
+        queues = {**self.queues, name: queue}
         self.queues = dict(sorted(queues.items()))  # dispatch breaks ties by this order
         self._misplaced[name] = [locality_mismatch(config.locality, d) for d in self.devices]
         self._local[name] = np.array([not reason for reason in self._misplaced[name]], bool)
@@ -351,7 +353,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
 
     def queue_delay_s(self) -> float:
         """The work already promised to devices, per device on average: admission's pressure."""
-        live = self.healthy.sum()
+        live = np.count_nonzero(self.healthy)
         return float(self.backlog.sum() / live) if live else float("inf")
 
     def cancel(self, task: StageTask) -> None:
@@ -457,6 +459,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         now = self.clock.now()
         if now >= self._retry_blocked_at:
             self._unblock()
+        if not self._queued.count:
+            return None  # every queue empty: what the loop below would find, sooner
         while True:
             best: StageQueue | None = None
             best_key = -np.inf

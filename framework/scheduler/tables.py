@@ -70,9 +70,13 @@ class StageTables:
         row = costs.marginal_s[index]
         self.next_compute[index] = row[min(pending, costs.hint.max_batch - 1)] * correction
         unit = row[0] * correction
-        if unit != self.unit_s[index]:
+        was = self.unit_s[index]
+        if unit != was:
             self.unit_s[index] = unit
-            self.fastest_s = None
+            fastest = self.fastest_s
+            # The least unit time stands unless this device may be, or may have been, it.
+            if fastest is not None and (unit < fastest or was <= fastest):
+                self.fastest_s = None
         self.load_now[index] = 0.0 if self.resident[index] else costs.load_s[index]
         self.has_room[index] = pending < self.limit[index]
         self.moved.add(index)

@@ -394,3 +394,45 @@ def test_devices_that_join_are_placed_on_and_the_old_ones_keep_their_state() -> 
     placed = {place(scheduler, task("vision")).device_id for _ in range(12)}
     assert placed & {d.id for d in joined}  # the newcomers take work
     assert scheduler.fleet.hosts == 3
+
+
+def test_the_kept_fastest_time_is_the_least_over_runnable_healthy_devices() -> None:
+    """Admission reads ``fastest_s`` on every arrival; it is kept between calls and only
+    dropped when a device's change may move it. Through random measured runs, health moves
+    and all, it must equal the least unit time worked out from scratch."""
+    import random
+
+    import numpy as np
+
+    scheduler, clock = make()
+    tables = scheduler.tables["vision/full"]
+    rng = random.Random(7)
+    kept_over_calls = 0
+    for step in range(300):
+        clock.advance(0.01)
+        dispatch = place(scheduler, task("vision"))
+        run_s = dispatch.decision.compute_s * rng.uniform(0.6, 1.4)
+        scheduler.completed(dispatch, ok=True, run_s=run_s)
+        if step % 50 == 25:
+            device = scheduler.devices[rng.randrange(4)].id
+            scheduler.set_health(device, step % 100 != 25)
+        before = tables.fastest_s
+        fastest = scheduler.fastest_s("vision")
+        kept_over_calls += before is not None
+        runnable = tables.costs.runnable & scheduler.healthy
+        assert fastest == float(np.min(tables.unit_s[runnable]))
+    assert kept_over_calls > 20  # the kept figure is used, not rebuilt on every call
+
+
+def test_a_dispatch_with_every_queue_empty_answers_none_and_cancels_are_counted() -> None:
+    scheduler, _ = make()
+    kept, dropped = task("vision"), task("llm")
+    scheduler.enqueue(kept)
+    scheduler.enqueue(dropped)
+    scheduler.cancel(dropped)
+    scheduler.cancel(dropped)  # twice: counted once
+    outcome = scheduler.dispatch()
+    assert isinstance(outcome, Dispatch) and outcome.task is kept
+    assert scheduler.dispatch() is None
+    scheduler.enqueue(task("llm"))  # a queue that had only a cancelled task takes new work
+    assert isinstance(scheduler.dispatch(), Dispatch)
