@@ -42,7 +42,8 @@ def test_a_large_request_runs_in_bounded_parts_and_gives_its_memory_back(
     parts = TextEmbedder().split(texts, 32)
     assert len(parts) >= 256 * 256 // TOKENS_PER_CALL  # each text counts its first 256 tokens
     assert all(len(part) <= 32 for part in parts) and sum(map(len, parts)) == 256
-    embed(http, [f"{text} warm-up {i}" for i in range(40)])  # parts of this size ran once
+    per_part = TOKENS_PER_CALL // 256  # texts of a full part at this length
+    embed(http, [f"{text} warm-up {i}" for i in range(per_part)])  # a part of this size ran once
     before = psutil.Process().memory_info().rss
     batches = _batches(http)
     response = embed(http, texts)

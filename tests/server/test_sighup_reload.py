@@ -54,6 +54,7 @@ def test_sighup_reloads_and_refuses_a_broken_file(tmp_path: Path) -> None:
             str(path),
             "--port",
             "0",
+            "--no-probe",  # timing the runtimes is not what this test is about
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
