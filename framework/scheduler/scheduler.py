@@ -354,7 +354,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
     def queue_delay_s(self) -> float:
         """The work already promised to devices, per device on average: admission's pressure."""
         live = np.count_nonzero(self.healthy)
-        return float(self.backlog.sum() / live) if live else float("inf")
+        return float(np.add.reduce(self.backlog) / live) if live else float("inf")
 
     def cancel(self, task: StageTask) -> None:
         """Drop a queued task (lazily)."""

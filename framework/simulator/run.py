@@ -388,7 +388,9 @@ class _Simulation:
         now = self.clock.now()
         visit = self.waiting if visit_all else self.waiting & self.touched
         self.touched.clear()
-        for device_id in sorted(visit, key=self.order.__getitem__):  # in fleet order
+        # In fleet order; a copy either way, since a visit may take its device off waiting.
+        devices = sorted(visit, key=self.order.__getitem__) if len(visit) > 1 else list(visit)
+        for device_id in devices:
             device = self.devices[device_id]
             if device.busy:
                 if device.engine_key is not None:
@@ -398,7 +400,7 @@ class _Simulation:
             if ready:
                 _, key = min(ready)
                 self._start(device, key, device.batchers[key].take(now))
-            elif not self._start_engine(device, now):
+            elif not (device.engines and self._start_engine(device, now)):
                 self._start_prefetch(device)
             if not any(device.batchers.values()) and not device.engine_work():
                 self.waiting.discard(device_id)
