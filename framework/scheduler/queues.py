@@ -68,6 +68,9 @@ class StageQueue:
         self.live = 0  # live tasks (read-only outside): the dispatch loop skips empty queues
         self.items = 0  # items of the live tasks: the work waiting, for admission's estimate
         self.units = 0.0  # their complexity units (admission's other measure of that work)
+        # The next live task's key (None: empty), read-only outside: the dispatch loop compares
+        # every stage's per decision. The heap's top is kept live (cancelled ones dropped).
+        self.head: float | None = None
         self._sequence = itertools.count()
 
     def __len__(self) -> int:
@@ -88,7 +91,9 @@ class StageQueue:
             raise KeyError(f"unknown QoS class {task.qos_class!r}")
         if self._counts[task.qos_class] >= queue_class.bound:
             raise QueueFullError(self.stage, task.qos_class, queue_class.bound)
-        heapq.heappush(self._heap, (-self.key(task), task.deadline, next(self._sequence), task))
+        heap = self._heap
+        heapq.heappush(heap, (-self.key(task), task.deadline, next(self._sequence), task))
+        self.head = -heap[0][0]
         task.cancelled = False
         task.queued = True
         self._counts[task.qos_class] += 1
@@ -98,22 +103,22 @@ class StageQueue:
         self.units += task.units
 
     def _drop_cancelled(self) -> None:
-        while self._heap and self._heap[0][3].cancelled:
-            heapq.heappop(self._heap)  # already taken off the counts by cancel()
+        """Drop cancelled tasks off the top and note the new head's key."""
+        heap = self._heap
+        while heap and heap[0][3].cancelled:
+            heapq.heappop(heap)  # already taken off the counts by cancel()
+        self.head = -heap[0][0] if heap else None
 
     def peek_key(self) -> float | None:
-        """The next task's key, to compare heads across stages."""
-        heap = self._heap
-        if heap and heap[0][3].cancelled:  # the dispatch loop asks every stage per decision
-            self._drop_cancelled()
-        return -heap[0][0] if heap else None
+        """The next task's key, to compare heads across stages (also :attr:`head`)."""
+        return self.head
 
     def pop(self) -> StageTask | None:
         """Take the task with the highest current priority."""
-        self._drop_cancelled()
         if not self._heap:
             return None
         task = heapq.heappop(self._heap)[3]
+        self._drop_cancelled()
         task.queued = False
         self._counts[task.qos_class] -= 1
         self.live -= 1
@@ -133,6 +138,9 @@ class StageQueue:
             self.units -= task.units
             task.queued = False
         task.cancelled = True
+        heap = self._heap
+        if heap and heap[0][3] is task:  # the head stays live
+            self._drop_cancelled()
 
 
 def starvation_bound(total_queue_bound: int, arrivals_in_window: int, service_rate: float) -> float:

@@ -467,7 +467,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             for name, queue in self.queues.items():
                 if not queue.live or name in self._blocked_stages:
                     continue
-                head_key = queue.peek_key()
+                head_key = queue.head
                 if head_key is not None and head_key > best_key:
                     best, best_key = queue, head_key
             if best is None:
