@@ -37,8 +37,9 @@ LOAD_INIT_S = 0.05
 ROUTE_PROBE_BYTES = 1 << 20
 # Bytes of route rows kept, most recently used first: a row is two floats per device (16 bytes
 # a device), so up to 2,097 sources' rows are kept, every source of a fleet up to that size (16 MiB
-# at 1,000 devices, where a row takes 9 us to assemble and a decision 30 us), and the cache
-# stays at this bound however large the fleet (209 rows at 10,000 devices).
+# at 1,000 devices, where a row takes about 10 us to assemble and a decision 20 us), and the
+# cache stays at this bound however large the fleet (209 rows at 10,000 devices). When every
+# source's row fits, all are built with the tables, so no decision assembles one.
 ROUTE_ROWS_BYTES = 32 << 20
 ROUTE_ROWS_LEAST = 16  # rows kept whatever the fleet's size
 
@@ -124,6 +125,9 @@ class FleetCosts:
         self._near = [frozenset([self._host_list[i]]) for i in range(len(self.devices))]
         for i, (targets_of_i, _, _) in self._direct.items():
             self._near[i] = self._near[i] | frozenset(self._host_of[targets_of_i].tolist())
+        if len(self.devices) <= self.rows_kept:
+            for src in range(len(self.devices)):
+                self.routes_from(src)
 
     @property
     def host_of(self) -> npt.NDArray[np.int64]:

@@ -41,6 +41,20 @@ def test_kept_route_rows_are_the_computed_ones_read_only_and_bounded(
     assert fleet.route(9, 50) == (float(latency[50]), float(inverse[50]))
 
 
+def test_every_row_is_built_with_the_tables_when_all_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = _fleet(64)  # 64 rows fit the default budget: none is left for a decision to build
+    assert len(built._rows) == 64
+    rows = {src: built.routes_from(src) for src in range(64)}
+    assert all(built.routes_from(src) is rows[src] for src in range(64))  # read, not rebuilt
+    monkeypatch.setattr(costs, "ROUTE_ROWS_BYTES", 63 * 16 * 64)  # one row short of all 64
+    monkeypatch.setattr(costs, "ROUTE_ROWS_LEAST", 1)
+    lazy = _fleet(64)
+    assert not lazy._rows  # the control: rows that do not all fit are built when first asked
+    for src in range(64):
+        for ahead, on_demand in zip(rows[src], lazy.routes_from(src), strict=True):
+            assert np.array_equal(ahead, on_demand)
+
+
 def test_bench_fleets_are_hosts_of_eight_of_every_kind() -> None:
     small = simulated_devices(bench_policy(64).spec.devices.simulated)
     assert len(small) == 64
