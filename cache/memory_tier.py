@@ -89,8 +89,8 @@ PROTECTED: Final = 2
 Slots = tuple[int, int, int, int]
 # A digest's first 8 bytes: as one 64-bit int (the doorkeeper's key) and as four 16-bit pieces
 # (the sketch's four rows); struct reads both without building a wider int to shift.
-_HASH64 = struct.Struct("<Q").unpack_from
-_PIECES = struct.Struct("<4H").unpack_from
+_HASH64: Final = struct.Struct("<Q").unpack_from
+_PIECES: Final = struct.Struct("<4H").unpack_from
 
 
 class FrequencySketch:

@@ -115,6 +115,7 @@ def missing_toolchain() -> str | None:
 
 
 def main() -> int:
+    started = time.monotonic()
     if sys.prefix == sys.base_prefix:
         print("build_native.py: run it with the venv's python, not the system's", file=sys.stderr)
         return 2
@@ -136,7 +137,6 @@ def main() -> int:
             file=sys.stderr,
         )
         return 0
-    started = time.monotonic()
     print(f"build_native.py: compiling hetero.cache's {', '.join(compiled.COMPILED)} (mypyc)")
     build(package, compiled, target)
     prune(target.parent, target)
