@@ -70,13 +70,13 @@ def build_folder(package: Path, prefix: str = sys.prefix) -> Path:
     return Path(prefix) / BUILDS / source_key(package)
 
 
-def compiled_folder(package: str, *, enabled: bool = True) -> str | None:
+def compiled_folder(package: str, *, enabled: bool = True, prefix: str = sys.prefix) -> str | None:
     """The folder of compiled modules to search before ``package`` (the source folder), or None
     when there is no complete build of the sources as they are now."""
     if not enabled:
         return None
     try:
-        folder = build_folder(Path(package)) / "hetero" / "cache"
+        folder = build_folder(Path(package), prefix) / "hetero" / "cache"
     except OSError as err:  # a source that cannot be read: its build cannot be trusted
         logger.debug("hetero.cache: not using compiled modules: %s", err)
         return None

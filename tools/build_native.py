@@ -35,20 +35,27 @@ def load_compiled(package: Path) -> ModuleType:
     return module
 
 
-def build(package: Path, compiled: ModuleType, target: Path) -> None:
-    """mypyc, then the C compiler, in a scratch folder beside ``target``; renamed into place
-    only once complete, so a build that fails or is interrupted is never found."""
+def build(package: Path, compiled: ModuleType, builds: Path) -> Path:
+    """Copy the sources into a scratch folder beside the builds, compile the copy (mypyc, then
+    the C compiler) and rename the result into place under the copy's key, once complete: a
+    build that fails or is interrupted is never found, and a source edited while it runs cannot
+    end up under a key whose sources it does not hold. Returns the build's folder."""
     from mypyc.build import mypycify
     from setuptools import setup
 
-    tree = package.parent.parent  # the folder that holds hetero/
-    builds = target.parent
     builds.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".building-", dir=builds) as scratch:
         work = Path(scratch)
-        here = Path.cwd()
-        os.chdir(tree)  # mypy names the modules from their paths under the tree
+        tree = work / "src"  # holds hetero/: mypy names the modules from their paths under it
+        copied = tree / "hetero" / "cache"
+        for source in compiled.sources(package):
+            relative = source.relative_to(package.parent)
+            (tree / "hetero" / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, tree / "hetero" / relative)
+        target = compiled.build_folder(copied)
         modules = [f"hetero/cache/{name}.py" for name in compiled.COMPILED]
+        here = Path.cwd()
+        os.chdir(tree)
         try:
             extensions = mypycify(
                 [
@@ -58,8 +65,7 @@ def build(package: Path, compiled: ModuleType, target: Path) -> None:
                     "--cache-dir",
                     str(builds / ".mypy_cache"),
                     *modules,
-                    # Their types from the very files the key hashed (on the command line, a
-                    # venv shared with other checkouts cannot hand mypy another copy of them).
+                    # The types they import, from the copies the key hashed.
                     *(f"hetero/{path}" for path in compiled.IMPORTED),
                 ],
                 only_compile_paths=modules,
@@ -89,6 +95,7 @@ def build(package: Path, compiled: ModuleType, target: Path) -> None:
         except OSError:  # another build of the same sources got there first
             if not target.is_dir():
                 raise
+    return target
 
 
 def prune(builds: Path, keep: Path) -> None:
@@ -138,7 +145,7 @@ def main() -> int:
         )
         return 0
     print(f"build_native.py: compiling hetero.cache's {', '.join(compiled.COMPILED)} (mypyc)")
-    build(package, compiled, target)
+    target = build(package, compiled, target.parent)
     prune(target.parent, target)
     print(f"build_native.py: {target} in {time.monotonic() - started:.0f} s")
     return 0

@@ -69,6 +69,22 @@ def test_with_hetero_compiled_0_the_sources_are_imported() -> None:
         assert Path(path) == PACKAGE / f"{name}.py"
 
 
+def test_only_a_complete_build_of_these_sources_is_searched(tmp_path: Path) -> None:
+    folder = compiled.build_folder(PACKAGE, prefix=str(tmp_path)) / "hetero" / "cache"
+    folder.mkdir(parents=True)
+    names = [*compiled.COMPILED, compiled.GROUP.rsplit(".", 1)[1] + "__mypyc"]
+    for name in names[:-1]:  # the shared library missing: an incomplete build
+        (folder / f"{name}{SUFFIX}").touch()
+    assert compiled.compiled_folder(str(PACKAGE), prefix=str(tmp_path)) is None
+    (folder / f"{names[-1]}{SUFFIX}").touch()
+    assert compiled.compiled_folder(str(PACKAGE), prefix=str(tmp_path)) == str(folder)
+    assert compiled.compiled_folder(str(PACKAGE), prefix=str(tmp_path), enabled=False) is None
+    # Another key's build (the sources edited since) is not this one's.
+    other = tmp_path / compiled.BUILDS / ("0" * 32)
+    folder.parent.parent.rename(other)
+    assert compiled.compiled_folder(str(PACKAGE), prefix=str(tmp_path)) is None
+
+
 def checkout_copy(root: Path) -> Path:
     """A tree importing ``hetero.*`` like the venv's, with cache/ and framework/ copied (so they
     can be edited) and every other folder linked."""
