@@ -19,7 +19,13 @@ deps-run:
 deps-test:
 	@PYTHON=$(PYTHON) VENV=$(VENV) tools/sysdeps.sh test
 
+# After the venv itself, the feature cache's hot modules compiled with mypyc into it
+# (tools/build_native.py, hetero.cache.compiled), under a hash of their sources: run every time,
+# it returns at once when that build exists, else takes about 20-40 s (gcc, the Python headers).
+# hetero.cache imports a build only while its sources still hash to it: an edited source is never
+# shadowed by its old build (it runs interpreted until the next `make venv`).
 venv: $(LINKED)
+	@$(BIN)/python tools/build_native.py
 
 # pip runs only when the packaging changes. torch==2.13.0 (the local CPU build) goes first: an
 # unpinned torch would pull a multi-GB CUDA build. hetero itself is installed metadata-only

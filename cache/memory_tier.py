@@ -39,7 +39,7 @@ import random
 import struct
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Final
 
 from rbloom import Bloom
 
@@ -53,29 +53,44 @@ __all__ = ["FrequencySketch", "MemoryTier"]
 # out (timed here): the hot paths compare by hand.
 # ruff: noqa: PLR1730
 
-MAX_COUNT = 15
-MAX_WIDTH_BITS = 16  # a key's four counters are four 16-bit pieces of its 64-bit hash
-WINDOW_START = 0.01
-PROTECTED_SHARE = 0.6  # of the main space (Caffeine: 0.8; docs/cache.md has the replay for both)
-READ_BUFFER = 64
+# The constants are Final: mypyc (hetero.cache.compiled) then builds them into the code instead
+# of looking them up in the module at each use; interpreted, Final changes nothing.
+
+MAX_COUNT: Final = 15
+MAX_WIDTH_BITS: Final = 16  # a key's four counters are four 16-bit pieces of its 64-bit hash
+WINDOW_START: Final = 0.01
+# Protected's share of the main space (Caffeine: 0.8; docs/cache.md has the replay for both).
+PROTECTED_SHARE: Final = 0.6
+READ_BUFFER: Final = 64
 # No eviction batches: a write that takes the tier over budget evicts at once. Candidates that
 # wait in the window for a batch make a larger window, which cost up to 1.4 points of hit rate on
 # the replay (docs/cache.md); a batch only moved the cost from the median write to the mean.
-SKETCH_PER_ENTRY = 16  # counters per row for each entry held: slow ageing, few collisions
-RECENCY_SLACK = 1  # on a recency stream a candidate this much less frequent still enters
-WARM = 7  # a warm candidate (6 counts past the doorkeeper, Caffeine's threshold) that loses still
-# enters 1 time in 128 (Caffeine's jitter)
+SKETCH_PER_ENTRY: Final = 16  # counters per row for each entry held: slow ageing, few collisions
+RECENCY_SLACK: Final = 1  # on a recency stream a candidate this much less frequent still enters
+# A warm candidate (6 counts past the doorkeeper, Caffeine's threshold) that loses still enters 1
+# time in 128 (Caffeine's jitter).
+WARM: Final = 7
 
 # An entry is a flat list (cheaper to build and read than an object, and one unpacking gives
 # every field); these are its fields, the last four the key's counter in each sketch row.
-VALUE, SIZE, EXPIRES, QUEUE, HASH, SLOT0, SLOT1, SLOT2, SLOT3 = range(9)
-WINDOW, PROBATION, PROTECTED = range(3)
+VALUE: Final = 0
+SIZE: Final = 1
+EXPIRES: Final = 2
+QUEUE: Final = 3
+HASH: Final = 4
+SLOT0: Final = 5
+SLOT1: Final = 6
+SLOT2: Final = 7
+SLOT3: Final = 8
+WINDOW: Final = 0
+PROBATION: Final = 1
+PROTECTED: Final = 2
 
 Slots = tuple[int, int, int, int]
 # A digest's first 8 bytes: as one 64-bit int (the doorkeeper's key) and as four 16-bit pieces
 # (the sketch's four rows); struct reads both without building a wider int to shift.
-_HASH64 = struct.Struct("<Q").unpack_from
-_PIECES = struct.Struct("<4H").unpack_from
+_HASH64: Final = struct.Struct("<Q").unpack_from
+_PIECES: Final = struct.Struct("<4H").unpack_from
 
 
 class FrequencySketch:

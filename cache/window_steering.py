@@ -30,17 +30,19 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from typing import Final
 
 __all__ = ["WindowSteering"]
 
-TARGET = 512  # entries the shadow holds, about
-STEP = 0.0625  # of the byte budget, per period
-PERIOD = 0.5  # sampled requests per period, as a share of the shadow's entries
-MIN_PERIOD = 64
-Z_GROW = 1.0  # standard deviations LRU's lead must pass to grow the window
-Z_SHRINK = 1.0  # and the tier's lead to shrink it
-EXPLORE_EVERY = 8  # periods with the very same hits before a smaller window is tried
-GROW = 3  # growing steps are this many steps: a recency stream loses hits every period it waits
+TARGET: Final = 512  # entries the shadow holds, about
+STEP: Final = 0.0625  # of the byte budget, per period
+PERIOD: Final = 0.5  # sampled requests per period, as a share of the shadow's entries
+MIN_PERIOD: Final = 64
+Z_GROW: Final = 1.0  # standard deviations LRU's lead must pass to grow the window
+Z_SHRINK: Final = 1.0  # and the tier's lead to shrink it
+EXPLORE_EVERY: Final = 8  # periods with the very same hits before a smaller window is tried
+# Growing steps are this many steps: a recency stream loses hits every period it waits.
+GROW: Final = 3
 
 
 class WindowSteering:

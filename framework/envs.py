@@ -17,6 +17,10 @@
                                batch, and the device's run slots); default 8.
 ``HETERO_VLLM_KV_CACHE_MB``    Memory a vLLM engine gives its KV cache, in MiB; default
                                512. It counts in the model's resident memory.
+``HETERO_COMPILED``            ``1`` (default) imports the feature cache's hot modules from
+                               their mypyc build when one matches the sources
+                               (:mod:`hetero.cache.compiled`); ``0`` always imports the
+                               ``.py`` files.
 =============================  ==========================================================
 """
 
@@ -28,6 +32,7 @@ from pathlib import Path
 __all__ = [
     "EnvError",
     "backend_autoload",
+    "compiled_modules",
     "log_level",
     "model_cache",
     "plugin_allow_list",
@@ -61,6 +66,16 @@ def backend_autoload() -> bool:
     if raw in _FALSE:
         return False
     raise EnvError(f"HETERO_BACKEND_AUTOLOAD: expected 0 or 1, got {raw!r}")
+
+
+def compiled_modules() -> bool:
+    """Whether the feature cache may import its compiled modules (``HETERO_COMPILED``)."""
+    raw = os.environ.get("HETERO_COMPILED", "1").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise EnvError(f"HETERO_COMPILED: expected 0 or 1, got {raw!r}")
 
 
 def log_level() -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hetero.cache.codec import decode, encode
+from hetero.cache.compiled import running_compiled
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
 from hetero.cache.local_redis import RedisServer
@@ -425,6 +426,7 @@ def run_cache_bench() -> dict[str, Any]:
         "value_bytes": int(VALUE.nbytes),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
+        "compiled_modules": running_compiled(),  # hetero.cache's modules run from their build
     }
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)

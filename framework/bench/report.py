@@ -104,6 +104,11 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
     console.print(table)
     for name, ratio in results["ratios"].items():
         console.print(f"{name}: {ratio:.2f}x")
+    modules = results["compiled_modules"]
+    console.print(
+        "hetero.cache modules compiled (mypyc): "
+        + (", ".join(name for name, native in modules.items() if native) or "none")
+    )
     rates = results["l1_hit_rate"]
     console.print(
         f"L1 hit rate on a skewed stream with scans: TinyLFU {rates['tinylfu']:.3f}, "
