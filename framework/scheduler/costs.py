@@ -126,8 +126,8 @@ class FleetCosts:
         for i, (targets_of_i, _, _) in self._direct.items():
             self._near[i] = self._near[i] | frozenset(self._host_of[targets_of_i].tolist())
         if len(self.devices) <= self.rows_kept:
-            for src in range(len(self.devices)):
-                self.routes_from(src)
+            for source in range(len(self.devices)):
+                self.routes_from(source)
 
     @property
     def host_of(self) -> npt.NDArray[np.int64]:
