@@ -6,7 +6,9 @@
 #   tools/sysdeps.sh test   what the tests start: redis-server, a SoftHSM2 token, containerd,
 #                           Prometheus and promtool (the dashboard test), systemd-analyze
 #                           (the systemd unit's check),
-#                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap
+#                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap;
+#                           gcc and the Python headers (python3-dev) for the feature cache's
+#                           compiled modules (tools/build_native.py), whose import is tested
 #
 # Both also need python3-venv while the venv ($VENV, default .venv) does not exist yet: Debian
 # ships ensurepip, which `$PYTHON -m venv` needs (PYTHON, default python3), in that package.
@@ -20,9 +22,10 @@ set -eu
 run_needs="espeak-ng:espeak-ng"
 test_needs="redis-server:redis-server softhsm2-util:softhsm2 runc:runc containerd:containerd
 busybox:busybox-static newuidmap:uidmap runsc:runsc bwrap:bubblewrap espeak-ng:espeak-ng
-prometheus:prometheus systemd-analyze:systemd"
+prometheus:prometheus systemd-analyze:systemd gcc:gcc"
 
-case "${1:-}" in
+mode=${1:-}
+case "$mode" in
 run) needs=$run_needs ;;
 test) needs=$test_needs ;;
 *)
@@ -49,6 +52,11 @@ missing_packages() {
         ! "${PYTHON:-python3}" -c "import ensurepip" >/dev/null 2>&1; then
         missing="$missing python3-venv"
     fi
+    if [ "$mode" = test ] && ! "${PYTHON:-python3}" -c "import os, sysconfig
+raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+        >/dev/null 2>&1; then
+        missing="$missing python3-dev"
+    fi
     echo "${missing# }"
 }
 
@@ -66,7 +74,7 @@ if [ "$install" = 1 ] && [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
     still=$(missing_packages)
     [ -z "$still" ] && exit 0
     echo "make $1: after apt-get, still missing: $still (programs are looked up on PATH," \
-        "python3-venv as ensurepip in ${PYTHON:-python3})" >&2
+        "python3-venv as ensurepip in ${PYTHON:-python3}, python3-dev as its Python.h)" >&2
     exit 1
 fi
 [ "$(id -u)" = 0 ] || command="sudo $command"

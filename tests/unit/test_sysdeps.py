@@ -22,6 +22,7 @@ TEST_PROGRAMS = (
     "espeak-ng",
     "prometheus",
     "systemd-analyze",
+    "gcc",
 )
 
 
@@ -63,7 +64,8 @@ def test_missing_programs_stop_make_with_one_line_naming_packages_and_command(
     result = sysdeps("test", tmp_path / "bin", "redis-server", "runc")
     assert result.returncode == 1 and result.stdout == ""
     packages = (
-        "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng prometheus systemd"
+        "softhsm2 containerd busybox-static uidmap runsc bubblewrap espeak-ng prometheus"
+        " systemd gcc"
     )
     assert result.stderr.count("\n") == 1
     assert f"missing: {packages};" in result.stderr
@@ -91,6 +93,19 @@ def test_creating_the_venv_needs_python3_venv_until_the_venv_exists(tmp_path: Pa
     fake_program(tmp_path / "venv" / "bin" / "python")
     after = sysdeps("run", tmp_path / "bin2", "espeak-ng", python_has_ensurepip=False)
     assert (after.returncode, after.stderr) == (0, "")
+
+
+def test_the_tests_need_the_python_headers_for_the_compiled_modules(tmp_path: Path) -> None:
+    (tmp_path / "venv" / "bin").mkdir(parents=True)  # the venv exists: ensurepip is not asked
+    fake_program(tmp_path / "venv" / "bin" / "python")
+    # The fake Python answers "no Python.h" (exit 1) to the header check.
+    without = sysdeps("test", tmp_path / "bin", *TEST_PROGRAMS, python_has_ensurepip=False)
+    assert without.returncode == 1
+    assert without.stderr.endswith("apt-get install -y --no-install-recommends python3-dev\n")
+    with_headers = sysdeps("test", tmp_path / "bin2", *TEST_PROGRAMS)
+    assert (with_headers.returncode, with_headers.stderr) == (0, "")
+    serving = sysdeps("run", tmp_path / "bin3", "espeak-ng", python_has_ensurepip=False)
+    assert (serving.returncode, serving.stderr) == (0, "")  # serving runs interpreted without
 
 
 @pytest.mark.parametrize("target", ["", "serve"])
