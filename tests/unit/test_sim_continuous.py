@@ -241,6 +241,42 @@ def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
     assert where[3:] == where[:3]
 
 
+def _two_short(gap_s: float) -> tuple[list[str], list[str]]:
+    """Three devices with two sequences each; the first device's two finish, then two more
+    arrive ``gap_s`` apart. The device ids, and where the two new ones go."""
+    policy = _policy(3)
+    devices = simulated_devices(policy.spec.devices.simulated)
+    clock = VirtualClock()
+    scheduler = Scheduler(policy, devices, Topology(devices), clock)
+    for device in devices:
+        assert scheduler.preload(device.id, "llm/full")
+    running = _place(scheduler, 6)
+    assert sorted(d.device_id for d in running) == sorted([d.id for d in devices] * 2)
+    clock.advance_to(1.0)
+    for dispatch in running:
+        if dispatch.device_id == devices[0].id:
+            scheduler.completed(dispatch, ok=True, run_s=1.0)
+    where = []
+    for second in (1.0, 1.0 + gap_s):
+        clock.advance_to(second)
+        (placed,) = _place(scheduler, 1)
+        where.append(placed.device_id)
+    return [d.id for d in devices], where
+
+
+def test_a_device_is_not_given_two_sequences_within_one_prefill() -> None:
+    # 11 TFLOPs at the A100's 312 TFLOP/s: one request's compute is 35 ms.
+    ids, where = _two_short(0.01)
+    # The emptied device takes the first; the second, 10 ms later, would pile its prefill
+    # onto the first's there (and the two would grow and leave as a cohort): it goes on.
+    assert where[0] == ids[0] and where[1] != ids[0]
+
+
+def test_control_sequences_a_prefill_apart_both_go_where_memory_is_least() -> None:
+    ids, where = _two_short(0.05)
+    assert where == [ids[0], ids[0]]  # memory-even alone: the emptied device is least used
+
+
 ENCODER = """\
   enc:
     modality: text
