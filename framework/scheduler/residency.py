@@ -56,8 +56,10 @@ class ResidencyMixin(PlacementMixin):
         if found is None and mask is not wide:
             found = self._room_in(task, tables, wide, now, kv_bytes, overdue)
         if found is not None:
-            if spread and kv_bytes:
-                self._kv_placed(tables.costs.key)[found[0]] = now
+            if spread:
+                self._last_placed(tables.costs.key if kv_bytes else tables.costs.stage)[
+                    found[0]
+                ] = now
             return found
         if overdue:
             self._start_drain(task, tables, wide, now, kv_bytes)
@@ -117,9 +119,10 @@ class ResidencyMixin(PlacementMixin):
         model's task goes to the devices not given a sequence of it within one prefill's
         compute time (paced), of those memory-evenly and, of those, to the ones given a
         sequence least recently; another model's task, on devices a continuous batch is
-        running on, goes to the fast devices with the fewest tasks in flight."""
+        running on, goes to the fast devices with the fewest tasks in flight and, of those,
+        to the ones given a task of its stage least recently."""
         if kv_bytes:
-            placed = self._kv_placed(tables.costs.key)
+            placed = self._last_placed(tables.costs.key)
             paced = mask & (placed <= now - self._kv_pace_s(tables))
             if np.count_nonzero(paced):
                 mask = paced
@@ -129,15 +132,16 @@ class ResidencyMixin(PlacementMixin):
             return earliest
         return self._fewest_in_flight(tables, mask)
 
-    def _kv_placed(self, key: str) -> np.ndarray:
-        """When each device was last given a sequence of KV-cache model ``key``."""
-        placed = self._kv_placed_at.get(key)
+    def _last_placed(self, name: str) -> np.ndarray:
+        """When each device was last given a sequence of KV-cache model ``name`` (a model
+        key) or a task of stage ``name`` (another stage's, while LLMs batch continuously)."""
+        placed = self._spread_placed_at.get(name)
         count = len(self.devices)
         if placed is None or placed.size != count:
             grown = np.full(count, -np.inf)
             if placed is not None:
                 grown[: min(placed.size, count)] = placed[:count]
-            placed = self._kv_placed_at[key] = grown
+            placed = self._spread_placed_at[name] = grown
         return placed
 
     def _kv_pace_s(self, tables: StageTables) -> np.ndarray:
@@ -162,9 +166,12 @@ class ResidencyMixin(PlacementMixin):
         running sequence for its length, so such batches are spread evenly: of the
         candidates where the model is resident or fits without evicting (a replica where
         memory allows) and no more than :data:`FAST_ENOUGH` times slower than the fastest,
-        those with the fewest tasks in flight (the cost model chooses among them). The mask
-        as it is when no continuously batched model has work on a candidate, or no candidate
-        has room without evicting."""
+        those with the fewest tasks in flight, and of those the ones given a task of this
+        stage least recently (the cost model chooses among them). Without that last step the
+        cost model, whose batching discount favours a batch forming, keeps sending a stage's
+        tasks to the same device while in-flight counts tie, and the stalls come in bursts
+        there. The mask as it is when no continuously batched model has work on a candidate,
+        or no candidate has room without evicting."""
         if not mask.any():
             return mask
         busy = np.zeros_like(mask)
@@ -181,8 +188,10 @@ class ResidencyMixin(PlacementMixin):
         unit = tables.unit_s
         fast = room & (unit <= FAST_ENOUGH * unit[room].min())
         in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
-        fewest: np.ndarray = fast & (self.in_flight <= in_flight.min())
-        return fewest
+        fewest = fast & (self.in_flight <= in_flight.min())
+        last = np.where(fewest, self._last_placed(tables.costs.stage), np.inf)
+        earliest: np.ndarray = fewest & (last <= last.min())
+        return earliest
 
     def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
         """Memory-balanced placement of a model with a KV cache that batches continuously:

@@ -64,7 +64,7 @@ class SchedulerState:
     _round_robin: dict[str, int]
     _blocked_stages: set[str]
     _retry_blocked_at: float
-    _kv_placed_at: dict[str, np.ndarray]
+    _spread_placed_at: dict[str, np.ndarray]
     _kv_pace: dict[str, tuple[BandwidthHint, np.ndarray]]
     _kv_keys: tuple[str, ...]
 

@@ -316,6 +316,34 @@ def test_other_stages_batches_spread_over_devices_running_a_continuous_batch() -
     assert where.count(scheduler.devices[0].id) == where.count(scheduler.devices[1].id) == 3
 
 
+def _encode_one_at_a_time(scheduler: Scheduler, count: int) -> list[str]:
+    """Encoder tasks placed and finished one after another: in-flight counts tie each time."""
+    where = []
+    for second in range(count):
+        scheduler.clock.advance_to(1.0 + second)  # type: ignore[attr-defined]
+        scheduler.enqueue(StageTask("r", "enc", "enc", "full", "standard", 0.0, 100.0))
+        outcome = scheduler.dispatch()
+        assert isinstance(outcome, Dispatch)
+        where.append(outcome.device_id)
+        scheduler.completed(outcome, ok=True, run_s=0.0)  # no measured time: no correction
+    return where
+
+
+def test_other_stages_tasks_take_turns_over_devices_with_equal_work_in_flight() -> None:
+    scheduler = _with_encoder("continuous")
+    first, second = (d.id for d in scheduler.devices)
+    # The cost model alone sends each to the first device (equal estimates, lowest index):
+    # its sequences would take every stall. In turn, each device's take the same share.
+    assert _encode_one_at_a_time(scheduler, 4) == [first, second, first, second]
+
+
+def test_control_fewer_tasks_in_flight_still_outranks_the_turn() -> None:
+    scheduler = _with_encoder("continuous")
+    first, second = (d.id for d in scheduler.devices)
+    _place(scheduler, 1)  # a second sequence on the first device
+    assert _encode_one_at_a_time(scheduler, 3) == [second] * 3
+
+
 def test_the_spread_loads_a_replica_where_memory_is_free() -> None:
     scheduler = _with_encoder("continuous")
     first, second = scheduler.devices
