@@ -340,7 +340,8 @@ def test_other_stages_tasks_take_turns_over_devices_with_equal_work_in_flight() 
 def test_control_fewer_tasks_in_flight_still_outranks_the_turn() -> None:
     scheduler = _with_encoder("continuous")
     first, second = (d.id for d in scheduler.devices)
-    _place(scheduler, 1)  # a second sequence on the first device
+    (placed,) = _place(scheduler, 1)
+    assert placed.device_id == first  # two sequences there, one on the second device
     assert _encode_one_at_a_time(scheduler, 3) == [second] * 3
 
 
