@@ -51,13 +51,15 @@ class ResidencyMixin(PlacementMixin):
         wide = mask
         spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()
         if spread:  # the spread narrows the candidates; the rest stay a fallback
-            mask = self._continuous_spread(tables, mask, kv_bytes)
+            mask = self._continuous_spread(tables, mask, kv_bytes, now)
         found = self._room_in(task, tables, mask, now, kv_bytes, overdue)
         if found is None and mask is not wide:
             found = self._room_in(task, tables, wide, now, kv_bytes, overdue)
         if found is not None:
-            if spread and kv_bytes:
-                self._kv_placed(tables.costs.key)[found[0]] = now
+            if spread:
+                self._last_placed(tables.costs.key if kv_bytes else tables.costs.stage)[
+                    found[0]
+                ] = now
             return found
         if overdue:
             self._start_drain(task, tables, wide, now, kv_bytes)
@@ -111,38 +113,65 @@ class ResidencyMixin(PlacementMixin):
         return self.policy.spec.scheduler.batching.llm == "continuous"
 
     def _continuous_spread(
-        self, tables: StageTables, mask: np.ndarray, kv_bytes: int
+        self, tables: StageTables, mask: np.ndarray, kv_bytes: int, now: float
     ) -> np.ndarray:
         """Candidates for a task when LLMs batch continuously (docs/scheduler.md): a KV-cache
-        model's task goes memory-evenly and, of those devices, to the ones given a sequence
-        of this model least recently; another model's task, on devices a continuous batch is
-        running on, goes to the fast devices with the fewest tasks in flight."""
+        model's task goes to the devices not given a sequence of it within one prefill's
+        compute time (paced), of those memory-evenly and, of those, to the ones given a
+        sequence least recently; another model's task, on devices a continuous batch is
+        running on, goes to the fast devices with the fewest tasks in flight and, of those,
+        to the ones given a task of its stage least recently."""
         if kv_bytes:
+            placed = self._last_placed(tables.costs.key)
+            paced = mask & (placed <= now - self._kv_pace_s(tables))
+            if np.count_nonzero(paced):
+                mask = paced
             even = self._memory_even(tables, mask, kv_bytes)
-            placed = np.where(even, self._kv_placed(tables.costs.key), np.inf)
-            earliest: np.ndarray = even & (placed <= placed.min())
+            last = np.where(even, placed, np.inf)
+            earliest: np.ndarray = even & (last <= last.min())
             return earliest
         return self._fewest_in_flight(tables, mask)
 
-    def _kv_placed(self, key: str) -> np.ndarray:
-        """When each device was last given a sequence of KV-cache model ``key``."""
-        placed = self._kv_placed_at.get(key)
+    def _last_placed(self, name: str) -> np.ndarray:
+        """When each device was last given a sequence of KV-cache model ``name`` (a model
+        key) or a task of stage ``name`` (another stage's, while LLMs batch continuously)."""
+        placed = self._spread_placed_at.get(name)
         count = len(self.devices)
         if placed is None or placed.size != count:
             grown = np.full(count, -np.inf)
             if placed is not None:
                 grown[: min(placed.size, count)] = placed[:count]
-            placed = self._kv_placed_at[key] = grown
+            placed = self._spread_placed_at[name] = grown
         return placed
+
+    def _kv_pace_s(self, tables: StageTables) -> np.ndarray:
+        """Seconds one nominal request of KV-cache model ``tables`` computes on each device at
+        its peak (the prompt's prefill dominates it): the pace at which a device is given
+        sequences of the model while another candidate has not been given one as recently.
+        Sequences placed on one device within a prefill of each other form a burst: their
+        prefills stall that device's decode steps back to back, and they grow and leave
+        together as a cohort; passing to another candidate spreads both."""
+        hint = tables.costs.hint
+        kept = self._kv_pace.get(tables.costs.key)
+        if kept is not None and kept[0] is hint and kept[1].size == len(self.devices):
+            return kept[1]  # made for this hint (set_hint replaces it) and this fleet
+        peaks = np.array([d.peak_flops_for(hint.dtype) for d in self.devices], dtype=float)
+        pace = np.zeros(peaks.size)
+        np.divide(hint.flops_per_item, peaks, out=pace, where=peaks > 0)
+        self._kv_pace[tables.costs.key] = (hint, pace)
+        return pace
 
     def _fewest_in_flight(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
         """A batch of another model on a device running a continuous batch stalls every
         running sequence for its length, so such batches are spread evenly: of the
         candidates where the model is resident or fits without evicting (a replica where
         memory allows) and no more than :data:`FAST_ENOUGH` times slower than the fastest,
-        those with the fewest tasks in flight (the cost model chooses among them). The mask
-        as it is when no continuously batched model has work on a candidate, or no candidate
-        has room without evicting."""
+        those with the fewest tasks in flight, and of those the ones given a task of this
+        stage least recently (the cost model chooses among them). Without that last step the
+        cost model, whose batching discount favours a batch forming, keeps sending a stage's
+        tasks to the same device while in-flight counts tie, and the stalls come in bursts
+        there. The mask as it is when no continuously batched model has work on a candidate,
+        or no candidate has room without evicting."""
         if not mask.any():
             return mask
         busy = np.zeros_like(mask)
@@ -159,8 +188,10 @@ class ResidencyMixin(PlacementMixin):
         unit = tables.unit_s
         fast = room & (unit <= FAST_ENOUGH * unit[room].min())
         in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
-        fewest: np.ndarray = fast & (self.in_flight <= in_flight.min())
-        return fewest
+        fewest = fast & (self.in_flight <= in_flight.min())
+        last = np.where(fewest, self._last_placed(tables.costs.stage), np.inf)
+        earliest: np.ndarray = fewest & (last <= last.min())
+        return earliest
 
     def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
         """Memory-balanced placement of a model with a KV cache that batches continuously:

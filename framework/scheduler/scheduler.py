@@ -183,7 +183,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # copy; the simulator models outputs staying on their device.
         self.outputs_on_host = outputs_on_host
         self._retry_blocked_at = np.inf
-        self._kv_placed_at: dict[str, np.ndarray] = {}  # residency: continuous LLM spread
+        # residency: when each device was last given a KV model's sequence or another
+        # stage's task (continuous LLM spread), and the pace of a KV model's sequences
+        self._spread_placed_at, self._kv_pace = {}, {}
 
     def _fleet_searched(self, search: str | None) -> None:
         """Whether placement searches by branch and bound on this fleet (one host: no)."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hetero.framework.devices import DeviceSpec
+from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import PlacementWeights
 from hetero.framework.scheduler.breakers import DeviceBreaker
@@ -63,7 +64,8 @@ class SchedulerState:
     _round_robin: dict[str, int]
     _blocked_stages: set[str]
     _retry_blocked_at: float
-    _kv_placed_at: dict[str, np.ndarray]
+    _spread_placed_at: dict[str, np.ndarray]
+    _kv_pace: dict[str, tuple[BandwidthHint, np.ndarray]]
     _kv_keys: tuple[str, ...]
 
     def _backlog_moved(self, index: int) -> None:

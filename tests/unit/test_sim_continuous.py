@@ -241,6 +241,42 @@ def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
     assert where[3:] == where[:3]
 
 
+def _two_short(gap_s: float) -> tuple[list[str], list[str]]:
+    """Three devices with two sequences each; the first device's two finish, then two more
+    arrive ``gap_s`` apart. The device ids, and where the two new ones go."""
+    policy = _policy(3)
+    devices = simulated_devices(policy.spec.devices.simulated)
+    clock = VirtualClock()
+    scheduler = Scheduler(policy, devices, Topology(devices), clock)
+    for device in devices:
+        assert scheduler.preload(device.id, "llm/full")
+    running = _place(scheduler, 6)
+    assert sorted(d.device_id for d in running) == sorted([d.id for d in devices] * 2)
+    clock.advance_to(1.0)
+    for dispatch in running:
+        if dispatch.device_id == devices[0].id:
+            scheduler.completed(dispatch, ok=True, run_s=1.0)
+    where = []
+    for second in (1.0, 1.0 + gap_s):
+        clock.advance_to(second)
+        (placed,) = _place(scheduler, 1)
+        where.append(placed.device_id)
+    return [d.id for d in devices], where
+
+
+def test_a_device_is_not_given_two_sequences_within_one_prefill() -> None:
+    # 11 TFLOPs at the A100's 312 TFLOP/s: one request's compute is 35 ms.
+    ids, where = _two_short(0.01)
+    # The emptied device takes the first; the second, 10 ms later, would pile its prefill
+    # onto the first's there (and the two would grow and leave as a cohort): it goes on.
+    assert where[0] == ids[0] and where[1] != ids[0]
+
+
+def test_control_sequences_a_prefill_apart_both_go_where_memory_is_least() -> None:
+    ids, where = _two_short(0.05)
+    assert where == [ids[0], ids[0]]  # memory-even alone: the emptied device is least used
+
+
 ENCODER = """\
   enc:
     modality: text
@@ -278,6 +314,35 @@ def test_other_stages_batches_spread_over_devices_running_a_continuous_batch() -
     where = _encode(scheduler, 6)
     # Each of these batches stalls the sequences running where it goes: spread evenly.
     assert where.count(scheduler.devices[0].id) == where.count(scheduler.devices[1].id) == 3
+
+
+def _encode_one_at_a_time(scheduler: Scheduler, count: int) -> list[str]:
+    """Encoder tasks placed and finished one after another: in-flight counts tie each time."""
+    where = []
+    for second in range(count):
+        scheduler.clock.advance_to(1.0 + second)  # type: ignore[attr-defined]
+        scheduler.enqueue(StageTask("r", "enc", "enc", "full", "standard", 0.0, 100.0))
+        outcome = scheduler.dispatch()
+        assert isinstance(outcome, Dispatch)
+        where.append(outcome.device_id)
+        scheduler.completed(outcome, ok=True, run_s=0.0)  # no measured time: no correction
+    return where
+
+
+def test_other_stages_tasks_take_turns_over_devices_with_equal_work_in_flight() -> None:
+    scheduler = _with_encoder("continuous")
+    first, second = (d.id for d in scheduler.devices)
+    # The cost model alone sends each to the first device (equal estimates, lowest index):
+    # its sequences would take every stall. In turn, each device's take the same share.
+    assert _encode_one_at_a_time(scheduler, 4) == [first, second, first, second]
+
+
+def test_control_fewer_tasks_in_flight_still_outranks_the_turn() -> None:
+    scheduler = _with_encoder("continuous")
+    first, second = (d.id for d in scheduler.devices)
+    (placed,) = _place(scheduler, 1)
+    assert placed.device_id == first  # two sequences there, one on the second device
+    assert _encode_one_at_a_time(scheduler, 3) == [second] * 3
 
 
 def test_the_spread_loads_a_replica_where_memory_is_free() -> None:
