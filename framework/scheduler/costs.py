@@ -36,10 +36,10 @@ LOAD_INIT_S = 0.05
 # Transfers are routed once for this size; the route's cost is then affine in the size.
 ROUTE_PROBE_BYTES = 1 << 20
 # Bytes of route rows kept, most recently used first: a row is two floats per device (16 bytes
-# a device), so up to 2,097 sources' rows are kept, every source of a fleet up to that size (16 MiB
-# at 1,000 devices, where a row takes about 10 us to assemble and a decision 20 us), and the
-# cache stays at this bound however large the fleet (209 rows at 10,000 devices). When every
-# source's row fits, all are built with the tables, so no decision assembles one.
+# a device), so every source's row fits in fleets of up to 1,448 devices (16 MiB at 1,000, where
+# a row takes about 10 us to assemble and a decision 20 us), and the cache stays at this bound
+# however large the fleet (209 rows at 10,000 devices). When every source's row fits, all are
+# built with the tables, so no decision assembles one.
 ROUTE_ROWS_BYTES = 32 << 20
 ROUTE_ROWS_LEAST = 16  # rows kept whatever the fleet's size
 

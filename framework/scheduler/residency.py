@@ -123,7 +123,10 @@ class ResidencyMixin(PlacementMixin):
         to the ones given a task of its stage least recently."""
         if kv_bytes:
             placed = self._last_placed(tables.costs.key)
-            paced = mask & (placed <= now - self._kv_pace_s(tables))
+            # Only onto devices that take it without evicting (resident, or a replica in free
+            # memory): pacing saves a prefill's stall, never worth another model's eviction.
+            pace = self._kv_pace_s(tables)
+            paced = self._without_eviction(tables, mask) & (placed <= now - pace)
             if np.count_nonzero(paced):
                 mask = paced
             even = self._memory_even(tables, mask, kv_bytes)
@@ -180,9 +183,7 @@ class ResidencyMixin(PlacementMixin):
                 busy |= self.tables[key].pending > 0
         if not (busy & mask).any():
             return mask
-        room = mask & tables.resident
-        for index in np.flatnonzero(mask & ~tables.resident).tolist():
-            room[index] = self.memory[index].free >= tables.resident_bytes[index]
+        room = self._without_eviction(tables, mask)
         if not room.any():
             return mask  # never an eviction for the spread's sake
         unit = tables.unit_s
@@ -192,6 +193,13 @@ class ResidencyMixin(PlacementMixin):
         last = np.where(fewest, self._last_placed(tables.costs.stage), np.inf)
         earliest: np.ndarray = fewest & (last <= last.min())
         return earliest
+
+    def _without_eviction(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
+        """The candidates where the model is resident or fits in free memory."""
+        room = mask & tables.resident
+        for index in np.flatnonzero(mask & ~tables.resident).tolist():
+            room[index] = self.memory[index].free >= tables.resident_bytes[index]
+        return room
 
     def _memory_even(self, tables: StageTables, mask: np.ndarray, kv_bytes: int) -> np.ndarray:
         """Memory-balanced placement of a model with a KV cache that batches continuously:

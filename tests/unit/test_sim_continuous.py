@@ -277,6 +277,47 @@ def test_control_sequences_a_prefill_apart_both_go_where_memory_is_least() -> No
     assert where == [ids[0], ids[0]]  # memory-even alone: the emptied device is least used
 
 
+BIG = """\
+  big:
+    modality: text
+    variants:
+      full: {flops_per_item: 1 TFLOPS, bytes_per_item: 1 GB, resident_bytes: 70 GB,
+             max_batch: 1, dtype: fp16}
+"""
+
+
+def _paced_beside_a_big_model(release_it: bool) -> tuple[list[str], list[str], Scheduler]:
+    """Two devices: the LLM resident on the first, an idle 70 GB model on the second (the LLM
+    fits there only by evicting it, unless ``release_it``); two sequences 10 ms apart."""
+    text = POLICY.format(count=2, batching="continuous").replace("stages:\n", "stages:\n" + BIG)
+    policy = load_policy_text(text.replace("{/llm: llm}", "{/llm: llm, /big: big}"), "big.yaml")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    clock = VirtualClock()
+    scheduler = Scheduler(policy, devices, Topology(devices), clock)
+    assert scheduler.preload(devices[0].id, "llm/full")
+    assert scheduler.preload(devices[1].id, "big/full")
+    if release_it:
+        assert scheduler.release(devices[1].id, "big/full")
+    where = []
+    for second in (100.0, 100.01):  # past every minimum residency: the big model may go
+        clock.advance_to(second)
+        (placed,) = _place(scheduler, 1)
+        where.append(placed.device_id)
+    return [d.id for d in devices], where, scheduler
+
+
+def test_pacing_never_evicts_another_model() -> None:
+    ids, where, scheduler = _paced_beside_a_big_model(release_it=False)
+    assert where == [ids[0], ids[0]]  # a 35 ms stall, rather than evicting 70 GB for a replica
+    assert scheduler.tables["big/full"].resident[1]
+
+
+def test_control_pacing_takes_a_replica_where_memory_is_free() -> None:
+    ids, where, scheduler = _paced_beside_a_big_model(release_it=True)
+    assert where == [ids[0], ids[1]]
+    assert scheduler.tables["llm/full"].resident.all()
+
+
 ENCODER = """\
   enc:
     modality: text
