@@ -196,7 +196,7 @@ class ResidencyMixin(PlacementMixin):
 
     def _without_eviction(self, tables: StageTables, mask: np.ndarray) -> np.ndarray:
         """The candidates where the model is resident or fits in free memory."""
-        room = mask & tables.resident
+        room: np.ndarray = mask & tables.resident
         for index in np.flatnonzero(mask & ~tables.resident).tolist():
             room[index] = self.memory[index].free >= tables.resident_bytes[index]
         return room
