@@ -21,7 +21,7 @@ deps-test:
 
 # After the venv itself, the feature cache's hot modules compiled with mypyc into it
 # (tools/build_native.py, hetero.cache.compiled), under a hash of their sources: run every time,
-# it returns at once when that build exists, else takes about 20-40 s (gcc, the Python headers).
+# it returns at once when that build exists, else takes about 20-30 s (gcc, the Python headers).
 # hetero.cache imports a build only while its sources still hash to it: an edited source is never
 # shadowed by its old build (it runs interpreted until the next `make venv`).
 venv: $(LINKED)

@@ -25,6 +25,8 @@ from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 KEEP = 4
+SCRATCH = ".building-"  # a build's scratch folder, beside the builds
+SCRATCH_MAX_AGE_S = 3600.0
 
 
 def load_compiled(package: Path) -> ModuleType:
@@ -46,7 +48,7 @@ def build(package: Path, compiled: ModuleType, builds: Path) -> Path:
     from setuptools import setup
 
     builds.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".building-", dir=builds) as scratch:
+    with tempfile.TemporaryDirectory(prefix=SCRATCH, dir=builds) as scratch:
         work = Path(scratch)
         tree = work / "src"  # holds hetero/: mypy names the modules from their paths under it
         copied = tree / "hetero" / "cache"
@@ -100,14 +102,28 @@ def build(package: Path, compiled: ModuleType, builds: Path) -> Path:
     return target
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile (another worktree's prune sharing the venv)
+        return None
+
+
 def prune(builds: Path, keep: Path) -> None:
-    """Keep the newest ``KEEP`` builds (``keep`` among them)."""
-    found = sorted(
-        (path for path in builds.iterdir() if path.is_dir() and not path.name.startswith(".")),
-        key=lambda path: path.stat().st_mtime,
-        reverse=True,
-    )
-    for old in found[KEEP:]:
+    """Keep the newest ``KEEP`` builds (``keep`` among them); scratch folders of builds that
+    were killed go once they are an hour old (a build takes well under a minute)."""
+    found: list[tuple[float, Path]] = []
+    for path in builds.iterdir():
+        mtime = _mtime(path)
+        if mtime is None or not path.is_dir():
+            continue
+        if path.name.startswith(SCRATCH):
+            if mtime < time.time() - SCRATCH_MAX_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+        elif not path.name.startswith("."):
+            found.append((mtime, path))
+    found.sort(reverse=True)
+    for _, old in found[KEEP:]:
         if old != keep:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -135,9 +151,11 @@ def main() -> int:
     package = Path(next(iter(spec.submodule_search_locations)))
     compiled = load_compiled(package)
     target = compiled.build_folder(package)
-    if target.is_dir():
+    if compiled.compiled_folder(str(package)) is not None:  # complete, as the import sees it
         os.utime(target)  # in use: the newest, for prune
         return 0
+    if target.is_dir():  # incomplete (a prune cut short, another Python's build): build anew
+        shutil.rmtree(target, ignore_errors=True)
     missing = missing_toolchain()
     if missing:  # serving works without the build: say so, and go on interpreted
         print(

@@ -7,8 +7,9 @@
 #                           Prometheus and promtool (the dashboard test), systemd-analyze
 #                           (the systemd unit's check),
 #                           sandboxes under runc, containerd's runc shim, gVisor and bubblewrap;
-#                           gcc and the Python headers (python3-dev) for the feature cache's
-#                           compiled modules (tools/build_native.py), whose import is tested
+#                           gcc, the C library's and the Python headers (libc6-dev,
+#                           python3-dev) for the feature cache's compiled modules
+#                           (tools/build_native.py), whose import is tested
 #
 # Both also need python3-venv while the venv ($VENV, default .venv) does not exist yet: Debian
 # ships ensurepip, which `$PYTHON -m venv` needs (PYTHON, default python3), in that package.
@@ -57,6 +58,8 @@ raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'
         >/dev/null 2>&1; then
         missing="$missing python3-dev"
     fi
+    # gcc only recommends the C library's headers, which --no-install-recommends leaves out.
+    [ "$mode" = test ] && [ ! -f /usr/include/stdio.h ] && missing="$missing libc6-dev"
     echo "${missing# }"
 }
 

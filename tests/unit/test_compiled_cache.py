@@ -237,3 +237,25 @@ def test_the_compiled_codec_reads_and_writes_as_its_source() -> None:
         for codec in codecs:
             with pytest.raises(CorruptEntryError, match="checksum mismatch"):
                 codec.decode(bytes(broken))
+
+
+def test_prune_keeps_the_newest_builds_and_clears_killed_builds_scratch(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "build_native", REPO / "tools" / "build_native.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    now = 1_000_000_000.0
+    folders = {}
+    for age, name in enumerate(["b0", "b1", "b2", "b3", "b4", "b5"]):  # b0 the newest
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        os.utime(folders[name], (now - age, now - age))
+    stale, fresh = tmp_path / f"{tool.SCRATCH}killed", tmp_path / f"{tool.SCRATCH}running"
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (0.0, 0.0))  # an hour old long ago: a build that was killed
+    tool.prune(tmp_path, keep=folders["b5"])  # the build in use stays, however old
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == sorted([fresh.name, "b0", "b1", "b2", "b3", "b5"])
