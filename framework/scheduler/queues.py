@@ -109,10 +109,6 @@ class StageQueue:
             heapq.heappop(heap)  # already taken off the counts by cancel()
         self.head = -heap[0][0] if heap else None
 
-    def peek_key(self) -> float | None:
-        """The next task's key, to compare heads across stages (also :attr:`head`)."""
-        return self.head
-
     def pop(self) -> StageTask | None:
         """Take the task with the highest current priority."""
         if not self._heap:

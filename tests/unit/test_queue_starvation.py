@@ -129,3 +129,21 @@ def test_queue_bounds_shed_per_class_and_cancelled_tasks_vanish() -> None:
     queue.cancel(first)
     assert queue.pop() is not first
     assert len(queue) == 1
+
+
+def test_the_head_is_always_the_next_live_tasks_key() -> None:
+    classes = {name: QueueClass(weight, BOUND) for name, weight in WEIGHTS.items()}
+    queue = StageQueue("s", classes, aging_per_second=1.0)
+    assert queue.head is None
+    low, middle, high = task("batch", 0.0), task("standard", 0.0), task("interactive", 0.0)
+    for each in (low, middle, high):
+        queue.push(each)
+    assert queue.head == queue.key(high)
+    queue.cancel(middle)  # buried: the head stays
+    assert queue.head == queue.key(high)
+    queue.cancel(high)  # the head: the next live one (not the cancelled middle) takes its place
+    assert queue.head == queue.key(low) and queue.live == 1
+    assert queue.pop() is low
+    assert queue.head is None and queue.live == 0 and queue.pop() is None
+    queue.push(middle)  # pushed again after its cancel: live once more
+    assert queue.head == queue.key(middle) and queue.pop() is middle

@@ -378,6 +378,12 @@ def test_other_stages_tasks_take_turns_over_devices_with_equal_work_in_flight() 
     assert _encode_one_at_a_time(scheduler, 4) == [first, second, first, second]
 
 
+def test_control_with_static_llm_batching_the_cost_model_keeps_them_on_one_device() -> None:
+    scheduler = _with_encoder("static")
+    first = scheduler.devices[0].id
+    assert _encode_one_at_a_time(scheduler, 4) == [first] * 4  # no turn: equal estimates
+
+
 def test_control_fewer_tasks_in_flight_still_outranks_the_turn() -> None:
     scheduler = _with_encoder("continuous")
     first, second = (d.id for d in scheduler.devices)
