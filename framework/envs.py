@@ -58,24 +58,24 @@ def plugin_allow_list() -> frozenset[str] | None:
     return frozenset(name.strip() for name in raw.split(",") if name.strip())
 
 
-def backend_autoload() -> bool:
-    """Whether out-of-tree backends are discovered through entry points."""
-    raw = os.environ.get("HETERO_BACKEND_AUTOLOAD", "1").strip().lower()
+def _switch(name: str, default: str) -> bool:
+    """A 0/1 variable (also true/false, yes/no, on/off); :class:`EnvError` on anything else."""
+    raw = os.environ.get(name, default).strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
         return False
-    raise EnvError(f"HETERO_BACKEND_AUTOLOAD: expected 0 or 1, got {raw!r}")
+    raise EnvError(f"{name}: expected 0 or 1, got {raw!r}")
+
+
+def backend_autoload() -> bool:
+    """Whether out-of-tree backends are discovered through entry points."""
+    return _switch("HETERO_BACKEND_AUTOLOAD", "1")
 
 
 def compiled_modules() -> bool:
     """Whether the feature cache may import its compiled modules (``HETERO_COMPILED``)."""
-    raw = os.environ.get("HETERO_COMPILED", "1").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise EnvError(f"HETERO_COMPILED: expected 0 or 1, got {raw!r}")
+    return _switch("HETERO_COMPILED", "1")
 
 
 def log_level() -> str:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hetero.backends.sim.timing import LlmSequences, modelled_prefill, modelled_run, modelled_steps
+from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import load_policy_text
@@ -223,13 +224,19 @@ def test_control_static_llm_batching_packs_one_device() -> None:
     assert where == [devices[0].id] * 6  # a forming batch is cheapest to join
 
 
-def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
-    policy = _policy(3)
+def _llm_everywhere(count: int) -> tuple[list[DeviceSpec], VirtualClock, Scheduler]:
+    """``count`` devices with the LLM resident on each, and the scheduler's clock."""
+    policy = _policy(count)
     devices = simulated_devices(policy.spec.devices.simulated)
     clock = VirtualClock()
     scheduler = Scheduler(policy, devices, Topology(devices), clock)
     for device in devices:
         assert scheduler.preload(device.id, "llm/full")
+    return devices, clock, scheduler
+
+
+def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
+    devices, clock, scheduler = _llm_everywhere(3)
     where = []
     for second in range(6):  # one at a time: memory is even again before each
         clock.advance_to(float(second))
@@ -244,12 +251,7 @@ def test_a_models_sequences_go_to_the_device_given_one_least_recently() -> None:
 def _two_short(gap_s: float) -> tuple[list[str], list[str]]:
     """Three devices with two sequences each; the first device's two finish, then two more
     arrive ``gap_s`` apart. The device ids, and where the two new ones go."""
-    policy = _policy(3)
-    devices = simulated_devices(policy.spec.devices.simulated)
-    clock = VirtualClock()
-    scheduler = Scheduler(policy, devices, Topology(devices), clock)
-    for device in devices:
-        assert scheduler.preload(device.id, "llm/full")
+    devices, clock, scheduler = _llm_everywhere(3)
     running = _place(scheduler, 6)
     assert sorted(d.device_id for d in running) == sorted([d.id for d in devices] * 2)
     clock.advance_to(1.0)
