@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEEP = 4
 SCRATCH = ".building-"  # a build's scratch folder, beside the builds
 SCRATCH_MAX_AGE_S = 3600.0
+NOT_BUILT = "NOT-BUILT"  # beside the builds: why the last make venv left the modules interpreted
 
 
 def load_compiled(package: Path) -> ModuleType:
@@ -128,6 +129,12 @@ def prune(builds: Path, keep: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def not_built(builds: Path, why: str) -> None:
+    """Leave why there is no build where the tests that need one say it (:data:`NOT_BUILT`)."""
+    builds.mkdir(parents=True, exist_ok=True)
+    (builds / NOT_BUILT).write_text(why + "\n")
+
+
 def missing_toolchain() -> str | None:
     """What the build needs and does not find: a C compiler, the Python headers."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
@@ -158,11 +165,10 @@ def main() -> int:
         shutil.rmtree(target, ignore_errors=True)
     missing = missing_toolchain()
     if missing:  # serving works without the build: say so, and go on interpreted
-        print(
-            f"build_native.py: WARNING: {missing}: hetero.cache's hot modules stay interpreted "
-            "(slower; apt-get install gcc python3-dev, then make venv)",
-            file=sys.stderr,
-        )
+        why = f"{missing}: apt-get install gcc python3-dev, then make venv"
+        print(f"build_native.py: WARNING: {why}; hetero.cache's hot modules stay interpreted "
+              "(slower)", file=sys.stderr)  # fmt: skip
+        not_built(target.parent, why)
         return 0
     print(f"build_native.py: compiling hetero.cache's {', '.join(compiled.COMPILED)} (mypyc)")
     try:
@@ -175,7 +181,9 @@ def main() -> int:
             "stay interpreted",
             file=sys.stderr,
         )
+        not_built(target.parent, f"the last build failed ({err!r}); make venv printed why")
         return 0
+    (target.parent / NOT_BUILT).unlink(missing_ok=True)
     prune(target.parent, target)
     print(f"build_native.py: {target} in {time.monotonic() - started:.0f} s")
     return 0

@@ -28,7 +28,10 @@ SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 SPEC = importlib.util.find_spec("hetero.cache")
 assert SPEC is not None and SPEC.submodule_search_locations is not None
 PACKAGE = Path(SPEC.submodule_search_locations[0])  # the sources (the spec never names the build)
-REBUILD = "no build of hetero.cache's sources as they are now: run `make venv`"
+NOT_BUILT = Path(sys.prefix) / compiled.BUILDS / "NOT-BUILT"  # tools/build_native.py's note
+REBUILD = "no build of hetero.cache's sources as they are now: run `make venv`" + (
+    f" (it said: {NOT_BUILT.read_text().strip()})" if NOT_BUILT.is_file() else ""
+)
 
 
 def imported_files(pythonpath: Path | None = None, **env: str) -> dict[str, str]:
