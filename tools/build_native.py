@@ -165,7 +165,7 @@ def main() -> int:
         shutil.rmtree(target, ignore_errors=True)
     missing = missing_toolchain()
     if missing:  # serving works without the build: say so, and go on interpreted
-        why = f"{missing}: apt-get install gcc python3-dev, then make venv"
+        why = f"{missing}: apt-get install gcc libc6-dev python3-dev, then make venv"
         print(f"build_native.py: WARNING: {why}; hetero.cache's hot modules stay interpreted "
               "(slower)", file=sys.stderr)  # fmt: skip
         not_built(target.parent, why)

@@ -402,15 +402,33 @@ def ran_on(stages: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def image_question_runs_its_stages_on_both_nodes(url: str, head: str, worker: str) -> None:
-    """The default policy's image_question (a chat message with an image): vision on the head
-    and OCR on the worker side by side, then the LLM on the head with what both saw."""
+    """The default policy's image_question pipeline (``/v1/image/question``) and a chat message
+    with an image: vision on the head and OCR on the worker side by side, then the LLM on the
+    head with what both saw."""
     import base64
 
     import httpx
 
     from hetero.framework.samples import text_page_png
+    from hetero.models.ocr import TextReader
 
-    page = base64.b64encode(text_page_png(["HELLO WORLD", "OPEN 9 TO 5"])).decode()
+    sign = text_page_png(["HELLO WORLD", "OPEN 9 TO 5"])
+    page = base64.b64encode(sign).decode()
+    question = httpx.post(
+        f"{url}/v1/image/question",
+        json={"inputs": {"image": page}, "prompt": "What does the sign say?", "max_tokens": 16},
+        timeout=300,
+    )
+    assert question.status_code == 200, question.text
+    body = question.json()
+    assert body["pipeline"] == "image_question"
+    assert body["outputs"]["ocr"]["text"] == TextReader(runtime="onnxruntime").read(sign).text
+    assert body["outputs"]["llm_generate"]["text"].strip()
+    assert ran_on(body["hetero"]["stages"]) == {
+        "vision_encode": f"{OPENVINO}@{head}",
+        "ocr": f"{ONNXRUNTIME}@{worker}",
+        "llm_generate": f"{TORCH}@{head}",
+    }
     asked = httpx.post(
         f"{url}/v1/chat/completions",
         json={
