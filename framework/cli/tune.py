@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,11 @@ ROWS = (("mean ms", "mean_ms"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"))
 
 
 def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    if value is None:
+        return "-"
+    if value == math.inf:  # a knob's value: dispatch_ahead_ms not set anywhere
+        return "off"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -185,6 +185,7 @@ class VariantConfig(_Frozen):
     dtype: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
     kv_bytes_per_token: ByteCount = 0.0
     max_delay_ms: NonNegativeFloat | None = None
+    dispatch_ahead_ms: PositiveFloat | None = None
 
 
 class LocalityConfig(_Frozen):
@@ -279,6 +280,7 @@ class BatchingConfig(_Frozen):
 
     max_delay_ms: NonNegativeFloat = 5.0
     llm: Literal["continuous", "static"] = "continuous"
+    dispatch_ahead_ms: PositiveFloat | None = None
 
 
 class PlacementWeights(_Frozen):

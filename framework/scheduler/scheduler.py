@@ -206,7 +206,18 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
                 0.0, 0.0, batchable=variant.batchable, max_batch=variant.max_batch
             )
             costs = self._costs(name, variant_name, hint)
-            self.tables[costs.key] = StageTables.fresh(costs, count)
+            self.tables[costs.key] = StageTables.fresh(
+                costs, count, self._ahead_s(name, variant_name)
+            )
+
+    def _ahead_s(self, stage: str, variant: str) -> float | None:
+        """The variant's ``dispatch_ahead_ms``, else the policy-wide one, in seconds (None:
+        a device takes up to a batch per run slot)."""
+        variants = self.policy.spec.stages[stage].variants
+        ahead_ms = (variants["light"] if variant == "light" else variants["full"]).dispatch_ahead_ms
+        if ahead_ms is None:
+            ahead_ms = self.policy.spec.scheduler.batching.dispatch_ahead_ms
+        return None if ahead_ms is None else ahead_ms / 1000.0
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:
         config = self.policy.spec.stages[stage]
@@ -225,7 +236,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         policy_batch = old.costs.hint.max_batch
         if hint.batchable:
             hint = dataclasses.replace(hint, max_batch=min(hint.max_batch, policy_batch))
-        fresh = StageTables.fresh(self._costs(stage, variant, hint), len(self.devices))
+        fresh = StageTables.fresh(
+            self._costs(stage, variant, hint), len(self.devices), self._ahead_s(stage, variant)
+        )
         fresh.pending[:] = old.pending
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
@@ -273,7 +286,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         )
         for key, tables in list(self.tables.items()):
             stage, variant = key.split("/", 1)
-            grown = StageTables.fresh(self._costs(stage, variant, tables.costs.hint), count)
+            costs = self._costs(stage, variant, tables.costs.hint)
+            grown = StageTables.fresh(costs, count, tables.ahead_s)
             grown.pending[:old] = tables.pending
             grown.correction[:old] = tables.correction
             grown.resident[:old] = tables.resident

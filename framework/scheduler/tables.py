@@ -3,6 +3,7 @@ operations, and which devices share their compute."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,10 +37,15 @@ class StageTables:
     local: np.ndarray | None = None  # each device's estimate before transfer, for the floors
     moved: set[int] = field(default_factory=set)
     fastest_s: float | None = None  # the least unit_s over runnable healthy devices (None: stale)
+    # The variant's dispatch_ahead_ms in seconds (None: a device takes up to a batch per run
+    # slot): a device is given a task only while the batch of what it holds, as the cost model
+    # times it there (correction included), fits in this; one task always fits.
+    ahead_s: float | None = None
 
     @classmethod
-    def fresh(cls, costs: StageCosts, count: int) -> StageTables:
-        return cls(
+    def fresh(cls, costs: StageCosts, count: int, ahead_s: float | None = None) -> StageTables:
+        """Tables of ``count`` devices with nothing dispatched, resident or measured yet."""
+        tables = cls(
             costs=costs,
             pending=np.zeros(count, np.int64),
             correction=np.ones(count),
@@ -52,12 +58,30 @@ class StageTables:
             resident_bytes=np.full(count, costs.hint.resident_bytes, np.int64),
             draining=np.zeros(count, bool),
             has_room=np.full(count, costs.hint.max_batch > 0, bool),
+            ahead_s=ahead_s,
         )
+        if ahead_s is not None:
+            for index in range(count):
+                tables.limit[index] = tables.room(index)
+        return tables
+
+    def room(self, index: int) -> int:
+        """Tasks device ``index`` may hold: a batch per run slot, and with ``ahead_s`` only as
+        many as the cost model's batch of them there (times its correction) fits in it, at
+        least one."""
+        most = self.costs.hint.max_batch * int(self.slots[index])
+        ahead_s, batch_s = self.ahead_s, self.costs.batch_s
+        if ahead_s is None or not batch_s:
+            return most
+        # batch_s[index][k] is a batch of k (k = 0 included): the largest k that fits.
+        correction = max(float(self.correction[index]), 1e-9)
+        fits = bisect_right(batch_s[index], ahead_s / correction) - 1
+        return min(most, max(1, fits))
 
     def fit(self, index: int, slots: int, resident_bytes: int | None) -> None:
         """Device ``index`` runs ``slots`` batches at once and holds ``resident_bytes``."""
-        self.limit[index] = self.costs.hint.max_batch * slots
         self.slots[index] = slots
+        self.limit[index] = self.room(index)
         self.has_room[index] = self.pending[index] < self.limit[index]
         if resident_bytes is not None:
             self.resident_bytes[index] = resident_bytes
@@ -78,6 +102,8 @@ class StageTables:
             if fastest is not None and (unit < fastest or was <= fastest):
                 self.fastest_s = None
         self.load_now[index] = 0.0 if self.resident[index] else costs.load_s[index]
+        if self.ahead_s is not None:  # the correction may have moved what fits
+            self.limit[index] = self.room(index)
         self.has_room[index] = pending < self.limit[index]
         self.moved.add(index)
 

@@ -6,7 +6,11 @@ arrivals. The objective is the end-to-end p99; a trial under which any QoS class
 than under the shipped policy (lower SLO attainment, or a class p99 more than
 ``CLASS_SLACK`` higher) is infeasible. Optuna's TPE sampler proposes the values, seeded, so a
 run with the same seed and trial count gives the same tuned policy (a ``timeout_s`` that cuts
-trials short does not). Optuna is imported here only: it is the ``sim`` extra.
+trials short does not). Optuna is imported here only: it is the ``sim`` extra. The first
+trials are the shipped policy and a sweep of the policy-wide ``dispatch_ahead_ms``
+(:data:`AHEAD_SWEEP_MS`) with every other knob as shipped; the sampler is told each trial's
+p99 plus how far it is from feasible (:func:`_penalised_ms`), so a trial that won p99 while a
+class lost a little still shows where p99 was won; only a feasible trial is ever chosen.
 
 With ``search_s``, trials simulate only the workload's first ``search_s`` seconds after its
 warm-up (the same arrivals, cut short: a cheap screen), and the ``finalists`` best feasible
@@ -59,6 +63,9 @@ __all__ = [
 CLASS_SLACK = 0.01
 """A class's p99 may move this much (relative) and still count as no worse."""
 
+ATTAINMENT_PENALTY_MS = 10_000.0
+"""What the sampler is told a whole SLO attainment lost costs, in p99 milliseconds."""
+
 
 @dataclass(frozen=True, slots=True)
 class Knob:
@@ -74,6 +81,16 @@ class Knob:
 MAX_DELAY_MS = 50.0
 """The upper end searched for a ``max_delay_ms``, policy-wide or a variant's."""
 
+AHEAD_SWEEP_MS = (50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0)
+"""The policy-wide ``dispatch_ahead_ms`` values tried first, each with every other knob as
+shipped: the sampler's random start seldom draws the narrow band where late binding pays
+(on the mixed fleet about 120-170 ms) together with the other knobs near values that keep
+every class whole, so the search starts from this sweep along it."""
+
+DISPATCH_AHEAD_MS = (10.0, 10_000.0)
+"""The range searched for the policy-wide ``dispatch_ahead_ms`` (log scale): from a part of a
+batch to more than any batch here takes, which is the same as none."""
+
 KNOBS: tuple[Knob, ...] = (
     Knob(("qos", "aging_per_second"), 0.1, 100.0, log=True),
     Knob(("scheduler", "weights", "queue"), 0.25, 4.0, log=True),
@@ -83,6 +100,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(("scheduler", "min_residency_s"), 0.0, 120.0),
     Knob(("scheduler", "max_load_wait_s"), 0.5, 30.0, log=True),
     Knob(("scheduler", "batching", "max_delay_ms"), 0.0, MAX_DELAY_MS),
+    Knob(("scheduler", "batching", "dispatch_ahead_ms"), *DISPATCH_AHEAD_MS, log=True),
     Knob(("circuit_breaker", "complexity", "degrade_at"), 0.1, 1.0),
 )
 """The policy-wide knobs searched besides the class weights (``qos.classes.<name>.weight``,
@@ -143,14 +161,39 @@ def _figures(policy: Policy, fleet: Fleet, workload: Workload) -> dict[str, Any]
     return summary
 
 
+def _violations(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> tuple[list[float], list[float]]:
+    """How far each class is from "no worse" (feasible where every value is <= 0): the SLO
+    attainment each class lost, and each class's p99 over the shipped one's plus
+    ``CLASS_SLACK``, in seconds."""
+    attainment = [
+        attained - after["slo_attainment"].get(qos, 0.0)
+        for qos, attained in sorted(before["slo_attainment"].items())
+    ]
+    tails = [
+        after["class_p99_s"].get(qos, math.inf) - p99 * (1 + CLASS_SLACK)
+        for qos, p99 in sorted(before["class_p99_s"].items())
+    ]
+    return attainment, tails
+
+
 def _no_class_worse(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
-    for qos, attained in before["slo_attainment"].items():
-        if after["slo_attainment"].get(qos, 0.0) < attained:
-            return False
-    for qos, p99 in before["class_p99_s"].items():
-        if after["class_p99_s"].get(qos, math.inf) > p99 * (1 + CLASS_SLACK):
-            return False
-    return True
+    attainment, tails = _violations(before, after)
+    return all(value <= 0 for value in attainment + tails)
+
+
+def _penalised_ms(p99_ms: float, violations: tuple[list[float], list[float]]) -> float:
+    """What the sampler is told a trial scored: its p99 plus how far it is from feasible (SLO
+    attainment lost at ``ATTAINMENT_PENALTY_MS`` per whole attainment, each class's excess
+    p99 millisecond for millisecond). A trial that won p99 while a class lost a little so
+    still shows the sampler where p99 was won; only feasible trials can be chosen."""
+    attainment, tails = violations
+    return (
+        p99_ms
+        + ATTAINMENT_PENALTY_MS * sum(max(0.0, v) for v in attainment)
+        + 1e3 * sum(max(0.0, v) for v in tails)
+    )
 
 
 def screen_workload(workload: Workload, search_s: float) -> Workload:
@@ -205,6 +248,24 @@ def _simulate_all(
     return [future.result() for future in futures]
 
 
+def _shipped_params(
+    shipped: Policy, knobs: Sequence[Knob], classes: Sequence[str]
+) -> dict[str, float]:
+    """The shipped policy's values as trial parameters, each brought into its knob's range
+    (no ``dispatch_ahead_ms`` is the range's top, more than any batch here takes): the first
+    trial, so the sampler starts from a feasible point."""
+    params: dict[str, float] = {}
+    for name, value in knob_values(shipped, knobs).items():
+        knob = next(k for k in knobs if ".".join(k.path) == name)
+        params[name] = min(max(value, knob.low), knob.high)
+        if knob.integer:
+            params[name] = int(params[name])
+    for qos in classes:
+        weight = shipped.spec.qos.classes[qos].weight
+        params[f"qos.classes.{qos}.weight"] = min(max(weight, 0.5), 16.0)
+    return params
+
+
 def _propose(
     trial: Any, data: Mapping[str, Any], knobs: Sequence[Knob], classes: Sequence[str]
 ) -> dict[str, Any]:
@@ -251,14 +312,20 @@ def tune(
 
     feasible: list[tuple[float, int, dict[str, Any], dict[str, Any]]] = []
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+    start = _shipped_params(shipped, knobs, classes)
+    study.enqueue_trial(start)
+    for ahead_ms in AHEAD_SWEEP_MS[: max(0, trials - 1)]:
+        study.enqueue_trial({**start, "scheduler.batching.dispatch_ahead_ms": ahead_ms})
+    told = 0  # trials asked and told (the study also lists the enqueued ones not yet asked)
     deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
     best: dict[str, Any]
     judged = 0
     with _workers(fleet, jobs) as pool:
         before = _figures(shipped, fleet, screen)
         best_p99 = float(before["p99_ms"])
-        while len(study.trials) < trials and time.monotonic() < deadline:
-            asked = [study.ask() for _ in range(min(max(jobs, 1), trials - len(study.trials)))]
+        while told < trials and time.monotonic() < deadline:
+            asked = [study.ask() for _ in range(min(max(jobs, 1), trials - told))]
+            told += len(asked)
             proposals = [_propose(trial, data, knobs, classes) for trial in asked]
             for trial, proposed, after in zip(
                 asked,
@@ -267,11 +334,11 @@ def tune(
                 strict=True,
             ):
                 p99 = after["p99_ms"] if after["p99_ms"] is not None else math.inf
-                ok = _no_class_worse(before, after)
-                if ok:
+                violations = _violations(before, after)
+                if _no_class_worse(before, after):
                     feasible.append((p99, trial.number, proposed, after))
                     best_p99 = min(best_p99, p99)
-                study.tell(trial, p99 if ok else math.inf)
+                study.tell(trial, _penalised_ms(p99, violations))
                 if progress is not None:
                     progress(trial.number + 1, best_p99)
         ranked = sorted(feasible, key=lambda entry: (entry[0], entry[1]))
@@ -298,7 +365,7 @@ def tune(
         shipped=knob_values(shipped, knobs),
         before=before,
         after=best["after"],
-        trials=len(study.trials),
+        trials=told,
         feasible=len(feasible),
         finalists=judged,
     )
@@ -306,13 +373,14 @@ def tune(
 
 def knob_values(policy: Policy, knobs: Sequence[Knob]) -> dict[str, float]:
     """Each knob's value in force in the validated ``policy``: the YAML's, else the schema's
-    default; a variant's unset ``max_delay_ms`` is the policy-wide one it falls back to."""
+    default; a variant's unset ``max_delay_ms`` or ``dispatch_ahead_ms`` is the policy-wide one
+    it falls back to, and no ``dispatch_ahead_ms`` at all is infinity."""
     values: dict[str, float] = {}
     for knob in knobs:
         node: Any = policy.spec
         for key in knob.path:
             node = node[key] if isinstance(node, Mapping) else getattr(node, key)
-        if node is None and knob.path[-1] == "max_delay_ms":
-            node = policy.spec.scheduler.batching.max_delay_ms
-        values[".".join(knob.path)] = float(node)
+        if node is None and knob.path[-1] in ("max_delay_ms", "dispatch_ahead_ms"):
+            node = getattr(policy.spec.scheduler.batching, knob.path[-1])
+        values[".".join(knob.path)] = math.inf if node is None else float(node)
     return values

@@ -436,3 +436,84 @@ def test_a_dispatch_with_every_queue_empty_answers_none_and_cancels_are_counted(
     assert scheduler.dispatch() is None
     scheduler.enqueue(task("llm"))  # a queue that had only a cancelled task takes new work
     assert isinstance(scheduler.dispatch(), Dispatch)
+
+
+AHEAD_POLICY = """\
+version: 1
+devices:
+  simulated:
+    - {name: slow, preset: A100-SXM4-80GB, count: 1, host: h}
+    - {name: fast, preset: MI300X, count: 1, host: h}
+stages:
+  llm:
+    modality: text
+    device_classes: [cuda, rocm]
+    variants:
+      full: {flops_per_item: 10 TFLOPS, bytes_per_item: 100 GB, resident_bytes: 16 GB,
+             max_batch: 16, dtype: fp16, dispatch_ahead_ms: AHEAD}
+scheduler: {memory_reserve_fraction: 0.0, batching: {dispatch_ahead_ms: 1}}
+qos:
+  default_class: standard
+  classes:
+    interactive: {weight: 8, sla_tier: t}
+    standard: {weight: 4, sla_tier: t}
+sla_tiers: {t: {deadline_ms: 1000}}
+"""
+
+
+def _held(scheduler: Scheduler, tasks: int) -> list[Dispatch]:
+    """Enqueue ``tasks`` LLM tasks and dispatch until no device takes more."""
+    for _ in range(tasks):
+        scheduler.enqueue(task("llm"))
+    held: list[Dispatch] = []
+    while isinstance(outcome := scheduler.dispatch(), Dispatch):
+        held.append(outcome)
+    return held
+
+
+def _per_device(held: list[Dispatch]) -> dict[str, int]:
+    devices = sorted({h.device_id for h in held})
+    return {d: sum(1 for h in held if h.device_id == d) for d in devices}
+
+
+def _fits(scheduler: Scheduler, device_id: str, ahead_s: float) -> int:
+    """The largest batch the cost model times under ``ahead_s`` on the device (at least 1)."""
+    index = scheduler.fleet.index[device_id]
+    batch_s = scheduler.tables["llm/full"].costs.batch_s[index]
+    return max([1] + [k for k, seconds in enumerate(batch_s) if seconds <= ahead_s])
+
+
+def test_dispatch_ahead_keeps_work_in_the_shared_queue_by_each_devices_pace() -> None:
+    """With ``dispatch_ahead_ms`` a device holds only what it would run within that time, so
+    a slow device holds fewer tasks than a fast one and the rest wait in the shared queue,
+    where priority still decides; without it each holds a whole batch (the control)."""
+    unbounded, _ = make(
+        policy_text=AHEAD_POLICY.replace("dispatch_ahead_ms: 1}", "}").replace(
+            ", dispatch_ahead_ms: AHEAD", ""
+        )
+    )
+    assert _per_device(_held(unbounded, 40)) == {"sim:fast-0": 16, "sim:slow-0": 16}
+    scheduler, _ = make(policy_text=AHEAD_POLICY.replace("AHEAD", "200"))
+    slow, fast = _fits(scheduler, "sim:slow-0", 0.2), _fits(scheduler, "sim:fast-0", 0.2)
+    assert 1 < slow < fast < 16  # the bound is in time, so it binds by each device's pace
+    held = _held(scheduler, 40)
+    assert _per_device(held) == {"sim:fast-0": fast, "sim:slow-0": slow}
+    scheduler.enqueue(task("llm", qos="interactive"))  # behind 40 - slow - fast standard tasks
+    assert scheduler.dispatch() is None  # both devices hold all they may
+    scheduler.completed(held[0], ok=True, run_s=held[0].decision.compute_s)
+    nxt = scheduler.dispatch()
+    assert isinstance(nxt, Dispatch) and nxt.task.qos_class == "interactive"
+
+
+def test_dispatch_ahead_follows_the_measured_pace_and_holds_one_task_at_least() -> None:
+    scheduler, _ = make(policy_text=AHEAD_POLICY.replace("AHEAD", "200"))
+    first = place(scheduler, task("llm"))
+    index = scheduler.fleet.index[first.device_id]
+    tables = scheduler.tables["llm/full"]
+    before = int(tables.limit[index])
+    scheduler.completed(first, ok=True, run_s=first.decision.compute_s * 3)  # 1.4x slower
+    after = int(tables.limit[index])
+    assert after == _fits(scheduler, first.device_id, 0.2 / tables.correction[index]) < before
+    # The policy-wide bound (1 ms) is shorter than any task: a variant without its own holds one.
+    fallback, _ = make(policy_text=AHEAD_POLICY.replace(", dispatch_ahead_ms: AHEAD", ""))
+    assert _per_device(_held(fallback, 10)) == {"sim:fast-0": 1, "sim:slow-0": 1}

@@ -4,8 +4,10 @@ is worse under it than under the shipped one."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
+import pytest
 import yaml
 
 from hetero.framework.cli.tune import knob_rows
@@ -14,9 +16,16 @@ from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
 from hetero.framework.simulator import load_workload
 from hetero.framework.simulator.tune import (
+    ATTAINMENT_PENALTY_MS,
+    DISPATCH_AHEAD_MS,
+    KNOBS,
     _figures,
     _no_class_worse,
+    _penalised_ms,
+    _propose,
+    _shipped_params,
     _simulate_all,
+    _violations,
     _workers,
     knob_values,
     screen_workload,
@@ -143,7 +152,7 @@ def test_parallel_tuning_is_seeded_and_searches_each_variants_batching(tmp_path:
 
 def test_knob_values_are_the_values_in_force_and_only_changes_are_tabled() -> None:
     """A knob the YAML leaves out reads as its default or fallback, never NaN: a variant's
-    unset ``max_delay_ms`` is the policy-wide one."""
+    unset ``max_delay_ms`` is the policy-wide one, and no ``dispatch_ahead_ms`` reads as off."""
     policy = load_policy_text(MIXED.read_text(), "mixed-fleet.yaml")
     knobs = variant_knobs(policy)
     shipped = knob_values(policy, knobs)
@@ -159,4 +168,43 @@ def test_knob_values_are_the_values_in_force_and_only_changes_are_tabled() -> No
         ("stages.llm_decode.variants.full.max_delay_ms", "5", "12.5"),
         ("stages.ocr.variants.full.max_batch", "8", "3"),
     ]
+    ahead = "scheduler.batching.dispatch_ahead_ms"
+    (knob,) = [k for k in KNOBS if ".".join(k.path) == ahead]
+    assert knob_values(policy, [knob]) == {ahead: math.inf}
+    data["scheduler"] = {"batching": {"dispatch_ahead_ms": 150}}
+    tuned = knob_values(load_policy_text(yaml.safe_dump(data), "t.yaml"), [knob])
+    assert knob_rows(knob_values(policy, [knob]), tuned) == [(ahead, "off", "150")]
     assert knob_rows(shipped, shipped) == []
+
+
+def test_the_search_starts_from_the_shipped_policy() -> None:
+    """The first trial is the shipped policy's values (each brought into its knob's range), so
+    the sampler starts from a feasible point; a knob out of range is clamped, not dropped."""
+    import optuna
+
+    policy = load_policy_text(MIXED.read_text(), "mixed-fleet.yaml")
+    knobs = KNOBS + variant_knobs(policy)
+    classes = sorted(policy.spec.qos.classes)
+    params = _shipped_params(policy, knobs, classes)
+    data = yaml.safe_load(MIXED.read_text())
+    proposed = _propose(optuna.trial.FixedTrial(params), data, knobs, classes)
+    values = knob_values(load_policy_text(yaml.safe_dump(proposed), "t.yaml"), knobs)
+    shipped = knob_values(policy, knobs)
+    ahead = "scheduler.batching.dispatch_ahead_ms"
+    assert shipped[ahead] == math.inf and values[ahead] == DISPATCH_AHEAD_MS[1]
+    assert {k: v for k, v in values.items() if k != ahead} == {
+        k: v for k, v in shipped.items() if k != ahead
+    }
+    assert params["qos.classes.batch.weight"] == policy.spec.qos.classes["batch"].weight
+
+
+def test_the_sampler_is_told_p99_plus_the_distance_from_feasible() -> None:
+    before = {"slo_attainment": {"a": 0.9}, "class_p99_s": {"a": 1.0}}
+    ok = {"slo_attainment": {"a": 0.9}, "class_p99_s": {"a": 0.5}}
+    assert _penalised_ms(400.0, _violations(before, ok)) == 400.0
+    slow = {"slo_attainment": {"a": 0.9}, "class_p99_s": {"a": 1.02}}  # 10 ms over 1.01 s
+    assert _penalised_ms(400.0, _violations(before, slow)) == pytest.approx(410.0)
+    late = {"slo_attainment": {"a": 0.8}, "class_p99_s": {"a": 0.5}}
+    assert _penalised_ms(400.0, _violations(before, late)) == pytest.approx(
+        400.0 + 0.1 * ATTAINMENT_PENALTY_MS
+    )
