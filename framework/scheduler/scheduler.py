@@ -212,11 +212,18 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
 
     def _ahead_s(self, stage: str, variant: str) -> float | None:
         """The variant's ``dispatch_ahead_ms``, else the policy-wide one, in seconds (None:
-        a device takes up to a batch per run slot)."""
-        variants = self.policy.spec.stages[stage].variants
-        ahead_ms = (variants["light"] if variant == "light" else variants["full"]).dispatch_ahead_ms
+        a device takes up to a batch per run slot). None for a variant batched continuously
+        (a KV cache under ``batching.llm: continuous``): a task joins the running batch at its
+        next step, so nothing waits behind a batch, and a sequence's whole decode would
+        exceed any useful bound."""
+        spec = self.policy.spec
+        variants = spec.stages[stage].variants
+        config = variants["light"] if variant == "light" else variants["full"]
+        if config.kv_bytes_per_token and spec.scheduler.batching.llm == "continuous":
+            return None
+        ahead_ms = config.dispatch_ahead_ms
         if ahead_ms is None:
-            ahead_ms = self.policy.spec.scheduler.batching.dispatch_ahead_ms
+            ahead_ms = spec.scheduler.batching.dispatch_ahead_ms
         return None if ahead_ms is None else ahead_ms / 1000.0
 
     def _costs(self, stage: str, variant: str, hint: BandwidthHint) -> StageCosts:

@@ -69,9 +69,10 @@ class StageTables:
         """Tasks device ``index`` may hold: a batch per run slot, and with ``ahead_s`` only as
         many as the cost model's batch of them there (times its correction) fits in it, at
         least one."""
-        most = self.costs.hint.max_batch * int(self.slots[index])
+        slots = int(self.slots[index])
+        most = self.costs.hint.max_batch * slots
         ahead_s, batch_s = self.ahead_s, self.costs.batch_s
-        if ahead_s is None or not batch_s:
+        if ahead_s is None or not batch_s or slots > 1:  # several slots: tasks run side by side
             return most
         # batch_s[index][k] is a batch of k (k = 0 included): the largest k that fits.
         correction = max(float(self.correction[index]), 1e-9)

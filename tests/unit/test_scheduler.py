@@ -517,3 +517,22 @@ def test_dispatch_ahead_follows_the_measured_pace_and_holds_one_task_at_least() 
     # The policy-wide bound (1 ms) is shorter than any task: a variant without its own holds one.
     fallback, _ = make(policy_text=AHEAD_POLICY.replace(", dispatch_ahead_ms: AHEAD", ""))
     assert _per_device(_held(fallback, 10)) == {"sim:fast-0": 1, "sim:slow-0": 1}
+
+
+def test_dispatch_ahead_leaves_continuously_batched_stages_alone() -> None:
+    """A KV-cache stage batched continuously takes tasks into its running batch at each step,
+    so the bound does not apply to it (one sequence's decode would exceed any useful bound);
+    batched statically (the control) it does."""
+    kv = AHEAD_POLICY.replace(
+        "dtype: fp16, dispatch_ahead_ms: AHEAD}",
+        "dtype: fp16,\n             kv_bytes_per_token: 0.5 MB}",
+    )
+    continuous, _ = make(policy_text=kv)
+    assert continuous.tables["llm/full"].ahead_s is None
+    static_text = kv.replace(
+        "batching: {dispatch_ahead_ms: 1}", "batching: {dispatch_ahead_ms: 1, llm: static}"
+    )
+    static, _ = make(policy_text=static_text)
+    assert static.tables["llm/full"].ahead_s == pytest.approx(0.001)
+    assert list(static.tables["llm/full"].limit) == [1, 1]
+    assert list(continuous.tables["llm/full"].limit) == [16, 16]
