@@ -254,12 +254,12 @@ def _shipped_params(
     """The shipped policy's values as trial parameters, each brought into its knob's range
     (no ``dispatch_ahead_ms`` is the range's top, more than any batch here takes): the first
     trial, so the sampler starts from a feasible point."""
+    values = knob_values(shipped, knobs)
     params: dict[str, float] = {}
-    for name, value in knob_values(shipped, knobs).items():
-        knob = next(k for k in knobs if ".".join(k.path) == name)
-        params[name] = min(max(value, knob.low), knob.high)
-        if knob.integer:
-            params[name] = int(params[name])
+    for knob in knobs:
+        name = ".".join(knob.path)
+        value = min(max(values[name], knob.low), knob.high)
+        params[name] = int(value) if knob.integer else value
     for qos in classes:
         weight = shipped.spec.qos.classes[qos].weight
         params[f"qos.classes.{qos}.weight"] = min(max(weight, 0.5), 16.0)
