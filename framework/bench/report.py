@@ -114,6 +114,32 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         f"L1 hit rate on a skewed stream with scans: TinyLFU {rates['tinylfu']:.3f}, "
         f"LRU {rates['lru']:.3f}"
     )
+    _print_replay(console, results["trace_replay"])
     if isinstance(results.get("redis"), str):
         console.print(f"redis: {results['redis']}")
     return 0
+
+
+def _print_replay(console: Console, replay: dict[str, Any]) -> None:
+    """The trace replay's hit rates, in percent, and the tier's under other key hashings."""
+    table = Table(title="Trace replay, hit rate %", title_justify="left")
+    for column in ("stream", "capacity", "tier", "LRU", "TinyLFU before", "other hashings"):
+        table.add_column(column, justify="right")
+    for stream, figures in replay.items():
+        if not isinstance(figures, dict):
+            continue  # a stream not measured: a sentence saying why
+        others = figures["other_key_hashes"]
+        for share, row in figures.items():
+            if not share.endswith("%"):
+                continue
+            spread = others[share]
+            table.add_row(
+                stream,
+                share,
+                f"{100 * row['memory_tier']:.2f}",
+                f"{100 * row['lru']:.2f}",
+                f"{100 * row['tinylfu_before']:.2f}",
+                f"{100 * spread['memory_tier_mean']:.2f} mean, "
+                f"{spread['below_goal']} of {others['hashes']} below goal",
+            )
+    console.print(table)
