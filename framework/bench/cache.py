@@ -230,12 +230,11 @@ def _rehashed(stream: list[bytes], salt: int) -> list[bytes]:
     """The same stream with every key replaced by a keyed hash of it: the same requests for
     the same keys, so LRU and the ceiling are unchanged, but other bits for the tier."""
     key = f"rehash-{salt}".encode()
-    renamed: dict[bytes, bytes] = {}
-    return [
-        renamed.get(digest)
-        or renamed.setdefault(digest, hashlib.blake2b(digest, digest_size=32, key=key).digest())
-        for digest in stream
-    ]
+    renamed = {
+        digest: hashlib.blake2b(digest, digest_size=32, key=key).digest()
+        for digest in dict.fromkeys(stream)
+    }
+    return [renamed[digest] for digest in stream]
 
 
 def _other_key_hashes(name: str, stream: list[bytes], figures: dict[str, Any]) -> dict[str, Any]:
