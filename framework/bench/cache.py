@@ -226,6 +226,11 @@ def _replay(policy: Any, stream: list[bytes]) -> tuple[float, float]:
     return hits / len(stream), elapsed / len(stream) * 1e6
 
 
+def _share_label(share: float) -> str:
+    """A replay point's key in the JSON: ``"25%"`` for 0.25 of the unique keys."""
+    return f"{round(share * 100)}%"
+
+
 def _rehashed(stream: list[bytes], salt: int) -> list[bytes]:
     """The same stream with every key replaced by a keyed hash of it: the same requests for
     the same keys, so LRU and the ceiling are unchanged, but other bits for the tier."""
@@ -245,17 +250,19 @@ def _other_key_hashes(name: str, stream: list[bytes], figures: dict[str, Any]) -
     streams = [_rehashed(stream, salt) for salt in range(1, OTHER_KEY_HASHES + 1)]
     report: dict[str, Any] = {"hashes": OTHER_KEY_HASHES}
     for share in SHARES:
-        row = figures[f"{round(share * 100)}%"]
+        label = _share_label(share)
+        row = figures[label]
         budget = row["entries"] * REPLAY_VALUE_BYTES
+        lru_goal = row["lru"] - LRU_SLACK_POINTS / 100
         rates, misses = [], 0
         for keyed in streams:
             rate, _ = _replay(MemoryTier(budget), keyed)
-            goal = row["lru"] - LRU_SLACK_POINTS / 100
+            goal = lru_goal
             if name == "zipf_with_scans":
                 goal = max(goal, _replay(_TinyLfuBefore(budget), keyed)[0])
             rates.append(rate)
             misses += rate < goal
-        report[f"{round(share * 100)}%"] = {
+        report[label] = {
             "memory_tier_mean": statistics.fmean(rates),
             "memory_tier_least": min(rates),
             "memory_tier_most": max(rates),
@@ -297,7 +304,7 @@ def _trace_replay() -> dict[str, Any]:
             row["memory_tier_minus_tinylfu_before_points"] = 100 * (
                 row["memory_tier"] - row["tinylfu_before"]
             )
-            figures[f"{round(share * 100)}%"] = row
+            figures[_share_label(share)] = row
         figures["other_key_hashes"] = _other_key_hashes(name, stream, figures)
         report[name] = figures
     return report
