@@ -195,3 +195,44 @@ def test_a_lost_duel_leaves_the_victim_first_in_probation() -> None:
             assert next(iter(tier._probation)) == head  # the victim kept its place
         _check_queues(tier)
     assert lost > 0
+
+
+def test_the_first_fill_enters_the_main_space_oldest_first() -> None:
+    # Before the tier is full nothing is evicted, but what falls out of the window must still
+    # reach probation in arrival order: the oldest there is the first victim once it is full.
+    # (Held in the window until the first eviction, the overflow left it newest first, and the
+    # fill's newest entries were the first to go.)
+    tier = MemoryTier(max_bytes=1_000)
+    keys = [digest(f"fill-{i}") for i in range(900)]
+    for key in keys:
+        assert tier.put(key, "v", 1, 1e9)
+    assert len(tier._window) <= tier.window_max < 100
+    _check_queues(tier)
+    main = list(tier._probation) + list(tier._protected)
+    assert main == keys[: len(main)] and len(main) >= 800  # in arrival order, oldest first
+
+
+def test_a_wider_sketch_keeps_every_held_keys_count() -> None:
+    from hetero.cache.memory_tier import HASH, SLOT0, SLOT3
+
+    tier = MemoryTier(max_bytes=10_000)
+    hot = [digest(f"hot-{i}") for i in range(3)]
+    for key in hot:
+        tier.put(key, "v", 1, 1e9)
+        for _ in range(5):
+            assert tier.get(key, 0.0) is not None
+    tier._drain()
+
+    def counts() -> list[int]:
+        sketch = tier._sketch
+        return [
+            sketch.frequency(entry[HASH], tuple(entry[SLOT0 : SLOT3 + 1]))
+            for entry in (tier._data[key] for key in hot)
+        ]
+
+    before, width = counts(), tier._sketch.width
+    assert before == [6, 6, 6]  # five hits in the counters, the write in the doorkeeper
+    for index in range(width):  # enough entries to want a wider sketch
+        tier.put(digest(f"more-{index}"), "v", 1, 1e9)
+    assert tier._sketch.width > width
+    assert counts() == before
