@@ -383,15 +383,8 @@ class MemoryTier:
                 # in the window until the first eviction, it would leave newest first and
                 # enter probation reversed: the fill's newest entries would be the first
                 # victims (0.4-0.6 points on the Zipf replay at 25 %).
-                window_max = self.window_max
-                if sizes[WINDOW] > window_max:
-                    probation = self._probation
-                    while sizes[WINDOW] > window_max and window:
-                        old_digest, old = window.popitem(False)
-                        probation[old_digest] = old
-                        old[QUEUE] = PROBATION
-                        sizes[WINDOW] -= old[SIZE]
-                        sizes[PROBATION] += old[SIZE]
+                if sizes[WINDOW] > self.window_max:
+                    self._window_to_probation()
                 if len(data) > self._grow_at:
                     self._grow_sketch()
                 return True
@@ -613,12 +606,7 @@ class MemoryTier:
         self.window_max = int(min(max(wanted, 1), self.max_bytes))
         window, probation, protected = self._window, self._probation, self._protected
         sizes = self._bytes
-        while sizes[WINDOW] > self.window_max and window:
-            digest, entry = window.popitem(last=False)
-            probation[digest] = entry
-            entry[QUEUE] = PROBATION
-            sizes[WINDOW] -= entry[SIZE]
-            sizes[PROBATION] += entry[SIZE]
+        self._window_to_probation()
         main_max = self.max_bytes - self.window_max
         while sizes[PROBATION] + sizes[PROTECTED] > main_max:
             source = probation or protected
@@ -629,6 +617,18 @@ class MemoryTier:
             sizes[entry[QUEUE]] -= entry[SIZE]
             entry[QUEUE] = WINDOW
             sizes[WINDOW] += entry[SIZE]
+
+    def _window_to_probation(self) -> None:
+        """The window's oldest entries move to probation, in order, until it fits its share:
+        with no duel, so only where nothing has to be evicted (the first fill, a smaller
+        window)."""
+        window, probation, sizes = self._window, self._probation, self._bytes
+        while sizes[WINDOW] > self.window_max and window:
+            digest, entry = window.popitem(last=False)
+            probation[digest] = entry
+            entry[QUEUE] = PROBATION
+            sizes[WINDOW] -= entry[SIZE]
+            sizes[PROBATION] += entry[SIZE]
 
     def _grow_sketch(self) -> None:
         """Fewer counters per row than the entries held want: a wider sketch. The counts carry
