@@ -642,14 +642,13 @@ class MemoryTier:
         times = width // old.width
         self._sketch.rows = tuple(row * times for row in old.rows)
         self._sketch.added = old.added
-        old_door, door = old.door, self._sketch.door
-        for entry in self._data.values():
-            if entry[HASH] in old_door:
-                door.add(entry[HASH])
         self._grow_at = width // SKETCH_PER_ENTRY if width < 1 << MAX_WIDTH_BITS else 1 << 62
-        slots = self._sketch.slots
+        old_door, door, slots = old.door, self._sketch.door, self._sketch.slots
         for entry in self._data.values():
-            entry[SLOT0 : SLOT3 + 1] = slots(entry[HASH])
+            key_hash = entry[HASH]
+            if key_hash in old_door:
+                door.add(key_hash)
+            entry[SLOT0 : SLOT3 + 1] = slots(key_hash)
         for entry in self._reads:
             entry[SLOT0 : SLOT3 + 1] = slots(entry[HASH])
 
