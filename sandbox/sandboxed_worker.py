@@ -24,6 +24,7 @@ from hetero.framework.errors import HeteroError, InvalidInputError
 from hetero.sandbox.envelope import unwrap_data_key
 from hetero.sandbox.keyring import KeyProvider
 from hetero.sandbox.oci_spec import SOCKET_DIR, SandboxSpec
+from hetero.sandbox.reachability import reach_problems
 from hetero.sandbox.rootfs import ensure_mountpoints, python_mounts, python_rootfs
 from hetero.sandbox.runtimes.base import SandboxRunError, SandboxRuntime, end_process
 from hetero.sandbox.wire import WireError, receive, send
@@ -166,6 +167,16 @@ class SandboxedWorker:
         for entry in self.partition_dir.iterdir():
             os.chown(entry, self.host_uid, self.host_uid)
 
+    def check_reach(self) -> None:
+        """Raise :class:`SandboxRunError` naming each directory the partition's uid could not
+        reach to start this sandbox, with its fix (:mod:`hetero.sandbox.reachability`)."""
+        problems = reach_problems(self.runtime, self.work_dir / "rootfs", self.mounts)
+        if problems:
+            raise SandboxRunError(
+                f"the {self.runtime.name} sandbox for partition {self.partition} cannot start: "
+                + "; ".join(problems)
+            )
+
     def start(self) -> SandboxedWorker:
         """Start the sandbox and wait until the worker answers a ping."""
         with self._lock:
@@ -174,6 +185,7 @@ class SandboxedWorker:
 
     def _start_locked(self) -> None:
         self._prepare_dirs()
+        self.check_reach()
         self._process = self.runtime.start(self.spec(), self.log_path)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetero.framework import envs
 from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import PartitionConfig, SandboxConfig
 from hetero.sandbox.ciphers import SM4_GCM, sm4_gcm_available
 from hetero.sandbox.keys import KeyCheck, check_key
+from hetero.sandbox.reachability import reach_problems
+from hetero.sandbox.rootfs import python_mounts
 from hetero.sandbox.runtimes import (
     Availability,
     BwrapRuntime,
@@ -151,16 +154,21 @@ class SandboxReport:
 def check_policy(policy: Policy, state_dir: Path | None = None) -> SandboxReport:
     """Probe every runtime and check every partition of ``policy`` against them."""
     config = policy.spec.sandbox
-    runtimes = build_runtimes(config, state_dir)
+    root = state_dir or Path(config.state_dir).expanduser()
+    runtimes = build_runtimes(config, root)
     found = {r.name: r.availability() for r in runtimes}
+    mounts = python_mounts(envs.model_cache())  # what a stage's sandbox worker binds
     checks = []
     for name, partition in sorted(policy.spec.partitions.items()):
         problems: list[str] = []
         try:
-            runtime: str | None = choose_runtime(name, partition, runtimes, found).name
+            chosen = choose_runtime(name, partition, runtimes, found)
         except IsolationUnsatisfiableError as err:
-            runtime = None
+            runtime: str | None = None
             problems.append(str(err))
+        else:
+            runtime = chosen.name
+            problems.extend(reach_problems(chosen, root / "workers", mounts))
         key = check_key(partition.key, config)
         if not key.ok:
             problems.append(f"key {partition.key}: {key.detail}")

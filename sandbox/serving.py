@@ -96,7 +96,9 @@ class SandboxedStages:
         store = PartitionStore(
             self.partitions_dir, partition_name, keyring, key_name, partition.cipher
         )
-        return SandboxedStage(self, stage, kind, runtime, store, self._uids[partition_name])
+        sandboxed = SandboxedStage(self, stage, kind, runtime, store, self._uids[partition_name])
+        sandboxed.worker.check_reach()
+        return sandboxed
 
 
 class SandboxedStage(StagePlugin):

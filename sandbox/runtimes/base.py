@@ -7,6 +7,7 @@ import enum
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from hetero.framework.errors import HeteroError
 from hetero.sandbox.oci_spec import FULL_ISOLATION, Isolation, SandboxSpec, oci_config, write_bundle
@@ -95,6 +96,11 @@ class SandboxRuntime(abc.ABC):
     name: str
     isolation: IsolationLevel
     description: str
+    # What the partition's host uid must reach for a sandbox to start (sandbox/reachability.py):
+    # the directories bound in, where the sandbox's processes run as that uid, and every
+    # directory down to the root filesystem, where that uid (a user namespace's root) mounts it.
+    binds_need_search: ClassVar[bool] = True
+    rootfs_path_needs_search: ClassVar[bool] = True
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir  # created on first use: probing availability writes nothing

@@ -52,6 +52,9 @@ class BwrapRuntime(SandboxRuntime):
     name = "bwrap"
     isolation = IsolationLevel.PROCESS
     description = "namespaces and read-only root only: no limits, no seccomp (development)"
+    # runs as the calling user (mapped to itself), not as the partition's uid
+    binds_need_search = False
+    rootfs_path_needs_search = False
 
     def availability(self) -> Availability:
         if shutil.which("bwrap") is None:

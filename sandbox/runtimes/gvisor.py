@@ -34,6 +34,7 @@ class GvisorRuntime(SandboxRuntime):
     name = "gvisor"
     isolation = IsolationLevel.CONTAINER
     description = "user-space kernel (gVisor sentry, ptrace platform), no network, limits"
+    rootfs_path_needs_search = False  # runsc mounts the root as the host's root
 
     def _command(self) -> list[str]:
         return [

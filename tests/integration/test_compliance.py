@@ -4,8 +4,11 @@ retention, fail-closed runtime selection and ``hetero sandbox check``."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ OFFICER = Principal(
 )
 
 
-def policy_text(isolation: str, runtimes: str, keyring: Path) -> str:
+def policy_text(isolation: str, runtimes: str, keyring: Path, state_dir: Path | None = None) -> str:
     return f"""version: 1
 partitions:
   id_cards:
@@ -58,7 +61,7 @@ sla_tiers:
 sandbox:
   runtimes: {runtimes}
   keyring: {keyring}
-  state_dir: {keyring.parent / "state"}
+  state_dir: {state_dir or keyring.parent / "state"}
 """
 
 
@@ -200,17 +203,32 @@ def test_sandbox_check_says_honestly_what_this_host_cannot_satisfy() -> None:
     assert human.returncode == 1 and human.stdout, human.stderr  # the tables, for people
 
 
-def test_sandbox_check_passes_when_runtime_and_key_are_present(tmp_path: Path) -> None:
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A directory the partitions' uids may search (pytest's own are private to root)."""
+    directory = Path(tempfile.mkdtemp(prefix="hetero-check-test-"))
+    directory.chmod(0o711)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_sandbox_check_passes_when_runtime_and_key_are_present(
+    tmp_path: Path, reachable: Path
+) -> None:
     FileKeyring.create(tmp_path / "keyring.json", {"id-cards": 16})
     policy = tmp_path / "site.yaml"
-    policy.write_text(policy_text("container", "[runc]", tmp_path / "keyring.json"))
+    policy.write_text(
+        policy_text("container", "[runc]", tmp_path / "keyring.json", reachable / "state")
+    )
     returncode, report = sandbox_check(policy)
     assert returncode == 0, report
     (partition,) = report["partitions"]
     assert partition["ok"] and partition["runtime"] == "runc" and partition["problems"] == []
     assert hetero("sandbox", "check", "--policy", str(policy)).returncode == 0
     missing_key = tmp_path / "missing.yaml"
-    missing_key.write_text(policy_text("container", "[runc]", tmp_path / "nowhere.json"))
+    missing_key.write_text(
+        policy_text("container", "[runc]", tmp_path / "nowhere.json", reachable / "state")
+    )
     returncode, report = sandbox_check(missing_key)
     assert returncode == 1
     (partition,) = report["partitions"]
@@ -219,6 +237,31 @@ def test_sandbox_check_passes_when_runtime_and_key_are_present(tmp_path: Path) -
         "ok": False,
         "detail": f"{tmp_path / 'nowhere.json'}: keyring file not found",
     }
+
+
+def test_sandbox_check_names_a_state_directory_runc_could_not_mount_from(
+    tmp_path: Path, reachable: Path
+) -> None:
+    FileKeyring.create(tmp_path / "keyring.json", {"id-cards": 16})
+    private = reachable / "home"
+    private.mkdir(mode=0o700)
+    policy = tmp_path / "site.yaml"
+    policy.write_text(
+        policy_text("container", "[runc]", tmp_path / "keyring.json", private / "state")
+    )
+    returncode, report = sandbox_check(policy)
+    (partition,) = report["partitions"]
+    assert returncode == 1 and not partition["ok"] and partition["runtime"] == "runc"
+    (problem,) = partition["problems"]
+    assert f"cannot pass {private} (mode 0700)" in problem and "sandbox.state_dir" in problem
+    gvisor = tmp_path / "gvisor.yaml"  # runsc mounts the root as the host's root: no problem
+    gvisor.write_text(
+        policy_text("container", "[gvisor]", tmp_path / "keyring.json", private / "state")
+    )
+    returncode, report = sandbox_check(gvisor)
+    assert returncode == 0 and report["partitions"][0]["runtime"] == "gvisor", report
+    private.chmod(0o711)  # the control: the same policy passes once others may search it
+    assert sandbox_check(policy)[0] == 0
 
 
 def test_a_policy_naming_an_unknown_runtime_is_refused_with_its_line(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hetero.sandbox.audit import AuditLog, load_or_create_signing_key
 from hetero.sandbox.keyring import FileKeyring
 from hetero.sandbox.partition_store import PartitionStore
-from hetero.sandbox.runtimes import GvisorRuntime, RuncRuntime
+from hetero.sandbox.runtimes import GvisorRuntime, RuncRuntime, SandboxRunError
 from hetero.sandbox.sandboxed_worker import (
     SandboxedWorker,
     SandboxWorkerError,
@@ -142,3 +142,45 @@ def test_the_same_worker_runs_under_gvisor(site: Path, keyring: FileKeyring) -> 
             "sha256": hashlib.sha256(CANARY).hexdigest(),
             "bytes": len(CANARY),
         }
+
+
+def test_a_worker_the_partitions_uid_cannot_reach_says_why_before_anything_starts(
+    site: Path, store: PartitionStore, keyring: FileKeyring
+) -> None:
+    private = site / "home"
+    private.mkdir(mode=0o700)  # a root's home on Debian
+    runc = RuncRuntime(site / "runc-reach")
+    blocked = SandboxedWorker(runc, "id_cards", store.directory, keyring, private / "work")
+    with pytest.raises(SandboxRunError, match=rf"cannot pass {private} \(mode 0700\)"):
+        blocked.start()
+    # the check is right: runc, started anyway, cannot mount that root filesystem
+    process = runc.start(blocked.spec(), site / "runc-reach.log")
+    try:
+        assert process.wait(timeout=60) != 0
+    finally:
+        runc.stop(blocked.spec().sandbox_id)
+    assert "permission denied" in (site / "runc-reach.log").read_text()
+    # and no stricter than the runtime: gVisor mounts the root as the host's root
+    gvisor = GvisorRuntime(site / "gvisor-reach")
+    with SandboxedWorker(
+        gvisor, "id_cards", store.directory, keyring, private / "work-gvisor"
+    ) as started:
+        store.put("card-reach", b"reached")
+        assert started.process("card-reach")["bytes"] == len(b"reached")
+
+
+def test_a_bound_directory_the_partitions_uid_cannot_enter_is_named(
+    site: Path, store: PartitionStore, keyring: FileKeyring
+) -> None:
+    models = site / "models"
+    models.mkdir(mode=0o700)
+    runtime = RuncRuntime(site / "runc-bound")
+    worker = SandboxedWorker(
+        runtime, "id_cards", store.directory, keyring, site / "work-bound", extra_mounts=(models,)
+    )
+    with pytest.raises(SandboxRunError, match=rf"{models} is bound .* chmod o\+x {models}$"):
+        worker.start()
+    models.chmod(0o711)  # the control
+    with worker:
+        store.put("card-bound", b"bound")
+        assert worker.process("card-bound")["bytes"] == len(b"bound")

@@ -291,3 +291,27 @@ def test_a_signal_stops_every_sandbox_and_is_audited(
     assert stopped == {"id_cards", "petitions"}
     key = load_pem_private_key((site / "audit.pem").read_bytes(), password=None)
     assert verify(site / "audit.log", key.public_key()).ok  # type: ignore[arg-type]
+
+
+def test_stages_whose_sandbox_runc_could_not_mount_are_unserved_with_the_fix(site: Path) -> None:
+    private = site / "private-home"
+    private.mkdir(mode=0o700)  # a state directory under it: runc cannot mount the root there
+    text = (
+        site_policy_text(site)
+        .replace(f"state_dir: {site / 'state'}", f"state_dir: {private / 'state'}")
+        .replace(str(site / "audit."), str(site / "unserved-audit."))
+    )
+    policy = load_policy_text(text, "private-state")
+    gate = build_gate(policy)
+    runtime = Serving(
+        policy, gate=gate, sandboxes=SandboxedStages(policy, gate), probe_runtimes=False
+    )
+    runtime.start()
+    try:
+        assert set(runtime.unserved) == {"id_card_ocr", "petition_asr"}, runtime.unserved
+        for reason in runtime.unserved.values():
+            assert f"cannot pass {private} (mode 0700)" in reason, reason
+            assert "set sandbox.state_dir" in reason
+    finally:
+        runtime.close()
+    assert not (private / "state" / "workers").exists()  # nothing was started or built
