@@ -9,8 +9,9 @@ Measured on this host kind (runc 1.1 and gVisor, 2026-12-05):
   shows the directory's own mode; its parents inside the sandbox are the root skeleton's
   (``0755``), so the host's parents do not matter. Without it the worker cannot be executed:
   runc says ``stat ...: permission denied``, gVisor ``failed to load ...: permission denied``.
-* runc (and containerd, which runs it) mounts the root filesystem from inside the user
-  namespace, as the partition's uid, so every directory from ``/`` down to the root
+* runc mounts the root filesystem from inside the user namespace, as the partition's uid
+  (containerd runs runc, and Kata's driver is containerd's: both are taken to need the same,
+  not measured apart), so every directory from ``/`` down to the root
   filesystem needs search permission for others: a state directory under a ``0700`` home
   fails with ``mount ...: permission denied``. gVisor mounts it as the host's root, and
   bwrap runs as the calling user, so neither needs it.
@@ -41,8 +42,8 @@ def _searchable(path: Path) -> bool:
 
 def first_unsearchable(path: Path) -> Path | None:
     """The first directory from ``/`` down to ``path`` (itself included) that others may not
-    search, or None. Directories not created yet end the walk: the worker creates them
-    searchable."""
+    search, or None. A directory not created yet ends the walk (the worker checks again
+    once it has made them)."""
     resolved = path.resolve()
     for directory in (*reversed(resolved.parents), resolved):
         if not directory.is_dir():
