@@ -206,7 +206,7 @@ def test_sandbox_check_says_honestly_what_this_host_cannot_satisfy() -> None:
 @pytest.fixture
 def reachable() -> Iterator[Path]:
     """A directory the partitions' uids may search (pytest's own are private to root)."""
-    directory = Path(tempfile.mkdtemp(prefix="hetero-check-test-"))
+    directory = Path(tempfile.mkdtemp(prefix="hetero-check-test-")).resolve()
     directory.chmod(0o711)
     yield directory
     shutil.rmtree(directory, ignore_errors=True)

@@ -147,7 +147,7 @@ def test_the_same_worker_runs_under_gvisor(site: Path, keyring: FileKeyring) -> 
 def test_a_worker_the_partitions_uid_cannot_reach_says_why_before_anything_starts(
     site: Path, store: PartitionStore, keyring: FileKeyring
 ) -> None:
-    private = site / "home"
+    private = site.resolve() / "home"  # the check names resolved paths
     private.mkdir(mode=0o700)  # a root's home on Debian
     runc = RuncRuntime(site / "runc-reach")
     blocked = SandboxedWorker(runc, "id_cards", store.directory, keyring, private / "work")

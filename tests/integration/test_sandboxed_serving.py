@@ -294,7 +294,7 @@ def test_a_signal_stops_every_sandbox_and_is_audited(
 
 
 def test_stages_whose_sandbox_runc_could_not_mount_are_unserved_with_the_fix(site: Path) -> None:
-    private = site / "private-home"
+    private = site.resolve() / "private-home"  # the check names resolved paths
     private.mkdir(mode=0o700)  # a state directory under it: runc cannot mount the root there
     text = (
         site_policy_text(site)

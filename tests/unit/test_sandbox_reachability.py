@@ -19,7 +19,7 @@ from hetero.sandbox.runtimes import BwrapRuntime, GvisorRuntime, RuncRuntime
 @pytest.fixture
 def site() -> Iterator[Path]:
     """A directory others may search (pytest's own are private to their owner)."""
-    directory = Path(tempfile.mkdtemp(prefix="hetero-reach-test-"))
+    directory = Path(tempfile.mkdtemp(prefix="hetero-reach-test-")).resolve()
     directory.chmod(0o711)
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
@@ -34,7 +34,7 @@ def test_a_bound_directory_others_cannot_enter_is_named_with_its_fix(site: Path)
         (problem,) = reach_problems(runtime, rootfs, mounts)
         assert f"{bound} is bound into the sandbox but its mode 0700" in problem, problem
         assert problem.endswith(f"chmod o+x {bound}")
-    assert reach_problems(BwrapRuntime(site / "state"), rootfs, mounts) == []  # runs as root
+    assert reach_problems(BwrapRuntime(site / "state"), rootfs, mounts) == []  # runs as its caller
     bound.chmod(0o711)
     assert reach_problems(RuncRuntime(site / "state"), rootfs, mounts) == []
 
