@@ -4,11 +4,8 @@ retention, fail-closed runtime selection and ``hetero sandbox check``."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -201,15 +198,6 @@ def test_sandbox_check_says_honestly_what_this_host_cannot_satisfy() -> None:
     assert runtimes["runc"] == "container" and runtimes["kata"] == "vm"
     human = hetero("sandbox", "check", "--policy", str(GOV))
     assert human.returncode == 1 and human.stdout, human.stderr  # the tables, for people
-
-
-@pytest.fixture
-def reachable() -> Iterator[Path]:
-    """A directory the partitions' uids may search (pytest's own are private to root)."""
-    directory = Path(tempfile.mkdtemp(prefix="hetero-check-test-")).resolve()
-    directory.chmod(0o711)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_sandbox_check_passes_when_runtime_and_key_are_present(
