@@ -5,10 +5,11 @@ host's directories nor is in their groups, so only their permission bits for oth
 Measured on this host kind (runc 1.1 and gVisor, 2026-12-05):
 
 * A directory bound into the sandbox (the Python installation, the virtual environment, the
-  checkout, the model cache) needs search permission for others (``o+x``) on itself. A bind
-  shows the directory's own mode; its parents inside the sandbox are the root skeleton's
-  (``0755``), so the host's parents do not matter. Without it the worker cannot be executed:
-  runc says ``stat ...: permission denied``, gVisor ``failed to load ...: permission denied``.
+  checkout's folders, the model cache) needs search permission for others (``o+x``) on
+  itself. A bind shows the directory's own mode; its parents inside the sandbox are the root
+  skeleton's (``0755``), so the host's parents do not matter. Without it the worker cannot be
+  executed: runc says ``stat ...: permission denied``, gVisor ``failed to load ...:
+  permission denied``.
 * runc mounts the root filesystem from inside the user namespace, as the partition's uid
   (containerd runs runc, and Kata's driver is containerd's: both are taken to need the same,
   not measured apart), so every directory from ``/`` down to the root

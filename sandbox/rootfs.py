@@ -88,8 +88,12 @@ def python_rootfs(root: Path) -> Path:
 def python_mounts(*extra: Path) -> tuple[Mount, ...]:
     """Read-only binds that let this interpreter, its environment and ``extra`` paths run
     inside a :func:`python_rootfs` at the same paths as on the host."""
-    source_root = Path(__file__).resolve().parents[1]  # an editable install links here
-    paths = {Path("/usr"), Path(sys.base_prefix), Path(sys.prefix), source_root, *extra}
+    # hetero's folders (an editable install links to them), not the folder that holds them: a
+    # bind shows a directory's own mode, so a checkout cloned into a private (0700) directory
+    # would keep the sandbox's uid out; each folder git made is searchable
+    source_root = Path(__file__).resolve().parents[1]
+    folders = (p for p in source_root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    paths = {Path("/usr"), Path(sys.base_prefix), Path(sys.prefix), *folders, *extra}
     for entry in sys.path:
         if ("site-packages" in entry or "__editable__" in entry) and Path(entry).is_dir():
             paths.add(Path(entry).resolve())
