@@ -150,6 +150,17 @@ def parse_anchor(reference: str | None) -> Path | None:
     return Path(rest).expanduser()
 
 
+def _lines(path: Path) -> list[str]:
+    """The lines of a log or anchor: split at ``\\n`` and nowhere else, the one separator the
+    writer puts between records (``str.splitlines`` also splits at U+2028, U+2029, U+0085,
+    which a record may hold inside a string, and at ``\\r``, which no record ends with)."""
+    text = path.read_bytes().decode("utf-8")  # not read_text: it turns \r\n into \n
+    lines = text.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 def _checkpoint_path(log: Path) -> Path:
     return log.with_name(log.name + ".checkpoint")
 
@@ -267,7 +278,8 @@ class AuditLog:
         self._lock = threading.Lock()
         self._count, self._head, self._seq, self._anchored = 0, GENESIS, 0, -1
         self._closed = False
-        if anchor is not None and not anchor.exists():
+        created_anchor = anchor is not None and not anchor.exists()
+        if anchor is not None and created_anchor:
             if path.exists():
                 logger.warning(
                     "audit anchor %s did not exist: created; it vouches for %s from now on",
@@ -280,7 +292,8 @@ class AuditLog:
             report = verify(
                 path,
                 key.public_key(),
-                anchor=anchor,
+                # a new anchor vouches for nothing yet: the first checkpoint below goes there
+                anchor=None if created_anchor else anchor,
                 allow_missing_checkpoint=True,
                 allow_stale_checkpoint=True,
                 now=clock(),
@@ -428,7 +441,7 @@ class VerifyReport:
 
 def _read_anchor(anchor: Path, public_key: Ed25519PublicKey) -> list[Checkpoint]:
     try:
-        lines = anchor.read_text(encoding="utf-8").splitlines()
+        lines = _lines(anchor)
     except FileNotFoundError:
         raise AuditError(f"{anchor}: audit anchor not found") from None
     entries: list[Checkpoint] = []
@@ -575,7 +588,7 @@ def verify(
         now: The time to judge age against (the clock by default).
     """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = _lines(path)
     except FileNotFoundError as err:
         raise AuditError(f"{path}: audit log not found") from err
     anchored = [] if anchor is None else _read_anchor(anchor, public_key)
@@ -595,7 +608,7 @@ def verify(
         return report(problem)
     checkpoint_path = _checkpoint_path(path)
     try:
-        text = checkpoint_path.read_text(encoding="utf-8")
+        text = checkpoint_path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         facts["vouched"] = anchored[-1].records if anchored else 0
         missing = f"no checkpoint ({checkpoint_path.name}): records could have been cut"
@@ -613,6 +626,14 @@ def verify(
         return report(
             f"the checkpoint ({checkpoint.seq}) is older than the anchor's newest "
             f"({anchor_seq}): an older checkpoint was put back"
+        )
+    anchored_records = anchored[-1].records if anchored else 0
+    if anchor is not None and checkpoint.records > anchored_records:
+        # the writer appends every checkpoint that vouches for new records to the anchor
+        return report(
+            f"the anchor is behind the log's checkpoint (the checkpoint vouches for "
+            f"{checkpoint.records} records, the anchor for {anchored_records}): the anchor "
+            "was emptied or rolled back"
         )
     problem = _checkpoint_problem(walk, checkpoint, lines)
     if problem:
