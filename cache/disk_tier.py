@@ -104,6 +104,7 @@ class DiskTier:
                     sync=False,
                     metasync=False,
                     readahead=False,
+                    mode=0o600,  # the files are this process's alone, whatever the umask
                 )
                 self.read_only = False
             except (lmdb.Error, OSError) as err:
