@@ -115,7 +115,7 @@ def oci_config(spec: SandboxSpec, isolation: Isolation = FULL_ISOLATION) -> dict
             "destination": "/dev",
             "type": "tmpfs",
             "source": "tmpfs",
-            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            "options": ["nosuid", "noexec", "strictatime", "mode=755", "size=65536k"],
         },
         {
             "destination": "/tmp",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CLONE_NEW_FLAGS", "DENIED_SYSCALLS", "ENOSYS", "EPERM", "seccomp_profile"]
+__all__ = ["AF_VSOCK", "CLONE_NEW_FLAGS", "DENIED_SYSCALLS", "ENOSYS", "EPERM", "seccomp_profile"]
 
 EPERM = 1
 
@@ -80,6 +80,8 @@ CLONE_NEW_FLAGS = (
     0x00000080,  # CLONE_NEWTIME
 )
 ENOSYS = 38
+# vsock talks to the hypervisor (or a host's vhost-vsock) whatever the network namespace says
+AF_VSOCK = 40
 
 
 def seccomp_profile() -> dict[str, Any]:
@@ -87,7 +89,8 @@ def seccomp_profile() -> dict[str, Any]:
 
     Besides the deny list: ``clone`` with any ``CLONE_NEW*`` flag is refused (the flags are a
     register argument a filter can read), ``clone3`` answers ``ENOSYS`` (its flags sit in memory
-    a filter cannot read; libc then falls back to ``clone``), and ``io_uring`` is refused.
+    a filter cannot read; libc then falls back to ``clone``), ``io_uring`` is refused, and so is
+    a ``socket`` or ``socketpair`` of family ``AF_VSOCK`` (outside the network namespace).
     """
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
@@ -106,6 +109,12 @@ def seccomp_profile() -> dict[str, Any]:
                 for flag in CLONE_NEW_FLAGS
             ),
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+            {
+                "names": ["socket", "socketpair"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": EPERM,
+                "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}],
+            },
             {
                 "names": ["io_uring_setup", "io_uring_enter", "io_uring_register"],
                 "action": "SCMP_ACT_ERRNO",

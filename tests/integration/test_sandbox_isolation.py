@@ -303,3 +303,49 @@ def test_clone_into_a_new_namespace_fails_under_seccomp(runc: RuncRuntime, reach
     control = runc.run(replace(spec, sandbox_id=spec.sandbox_id + "-c"), Isolation(seccomp=False))
     assert filtered.stdout.strip() == "REFUSED errno=1", filtered
     assert control.stdout.strip() == "CLONED", control
+
+
+VSOCK_PROBE = """
+import socket
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
+    print("OPENED")
+except OSError as err:
+    print(f"REFUSED errno={err.errno}")
+"""
+
+
+def test_a_vsock_socket_is_refused_under_seccomp(runc: RuncRuntime, reachable: Path) -> None:
+    """vsock reaches the hypervisor's side whatever the network namespace says."""
+    if not Path("/dev/vsock").exists():
+        pytest.skip("no /dev/vsock on this host: the control could not open one either")
+    root = python_rootfs(reachable / "python-root")
+    mounts = python_mounts()
+    ensure_mountpoints(root, mounts)
+    spec = probe(root, "", args=(sys.executable, "-c", VSOCK_PROBE), mounts=mounts)
+    filtered = runc.run(spec, timeout_s=120)
+    control = runc.run(replace(spec, sandbox_id=spec.sandbox_id + "-c"), Isolation(seccomp=False))
+    assert filtered.stdout.strip() == "REFUSED errno=1", filtered
+    assert control.stdout.strip() == "OPENED", control
+
+
+class _ExecutableDevRunc(RuncRuntime):
+    """The control: the same spec with ``noexec`` taken off ``/dev``."""
+
+    def config(self, spec: SandboxSpec, isolation: Isolation = FULL) -> dict[str, object]:
+        config = super().config(spec, isolation)
+        mounts = config["mounts"]
+        assert isinstance(mounts, list)
+        for mount in mounts:
+            if mount["destination"] == "/dev":
+                mount["options"] = [o for o in mount["options"] if o != "noexec"]
+        return config
+
+
+def test_dev_is_not_executable(runc: RuncRuntime, rootfs: Path) -> None:
+    # busybox picks its applet by name: a copy named echo is echo
+    script = "cp /bin/busybox /dev/echo && /dev/echo EXECUTED || echo REFUSED"
+    protected = runc.run(probe(rootfs, script))
+    control = _ExecutableDevRunc(runc.state_dir).run(probe(rootfs, script))
+    assert protected.stdout.strip().splitlines()[-1] == "REFUSED", protected
+    assert control.stdout.strip() == "EXECUTED", control
