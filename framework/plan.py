@@ -12,10 +12,10 @@ from hetero.framework.fleet import Fleet
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
 from hetero.framework.policy import Policy
-from hetero.framework.policy.schema import VariantConfig
+from hetero.framework.policy.hints import hint_from_variant
 from hetero.framework.topology import host_link
 
-__all__ = ["DeviceCost", "StagePlan", "hint_from_variant", "plan_policy"]
+__all__ = ["DeviceCost", "StagePlan", "plan_policy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,24 +68,6 @@ class StagePlan:
             ],
             "ineligible": [{"id": d, "reason": r} for d, r in self.ineligible],
         }
-
-
-def hint_from_variant(variant: VariantConfig) -> BandwidthHint | None:
-    """The BandwidthHint a policy variant describes; None when it gives no cost figures (a
-    stage plugin's graphs give them)."""
-    if variant.flops_per_item is None or variant.bytes_per_item is None:
-        return None
-    return BandwidthHint(
-        flops_per_item=variant.flops_per_item,
-        bytes_per_item=variant.bytes_per_item,
-        input_bytes=variant.input_bytes,
-        output_bytes=variant.output_bytes,
-        resident_bytes=variant.resident_bytes,
-        batchable=variant.batchable,
-        max_batch=variant.max_batch,
-        dtype=variant.dtype,
-        kv_bytes_per_token=variant.kv_bytes_per_token,
-    )
 
 
 def cost_on(hint: BandwidthHint, device: DeviceSpec) -> DeviceCost:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from hetero.backends.sim.timing import LlmSequences, modelled_prefill, modelled_run, modelled_steps
 from hetero.framework.fleet import resolve_fleet
-from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import load_policy
+from hetero.framework.policy.hints import hint_from_variant
 from hetero.framework.registry import Registry
 from hetero.framework.simulator import load_workload
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetero.framework.fleet import simulated_devices
-from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy, load_policy_text
+from hetero.framework.policy.hints import hint_from_variant
 from hetero.framework.scheduler.clock import VirtualClock
 from hetero.framework.scheduler.scheduler import Dispatch, Scheduler
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask

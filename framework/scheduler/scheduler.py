@@ -24,8 +24,8 @@ from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import NoEligibleDeviceError
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.locality import locality_mismatch
-from hetero.framework.plan import hint_from_variant
 from hetero.framework.policy import Policy
+from hetero.framework.policy.hints import hint_from_variant
 from hetero.framework.policy.schema import StageConfig
 from hetero.framework.scheduler import placement as placement_module
 from hetero.framework.scheduler.breakers import BreakerState, DeviceBreaker
