@@ -11,10 +11,10 @@ from hetero.framework.tracing.api import (
     RequestTrace,
     Span,
     Tracer,
-    build_tracer,
     current_trace,
     use_trace,
 )
+from hetero.framework.tracing.build import build_tracer
 
 __all__ = [
     "AttributeValue",

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero.framework.policy.schema import TracingConfig
 from hetero.framework.tracing.traceparent import parse_traceparent
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "RequestTrace",
     "Span",
     "Tracer",
-    "build_tracer",
     "current_trace",
     "use_trace",
 ]
@@ -113,12 +111,3 @@ class Tracer:
 
     def shutdown(self) -> None:
         """Flush and stop exporting."""
-
-
-def build_tracer(config: TracingConfig) -> Tracer:
-    """The tracer ``config`` asks for: OpenTelemetry (imported only now) or off."""
-    if not config.enabled:
-        return Tracer()
-    from hetero.framework.tracing.otel import OtelTracer
-
-    return OtelTracer(config)
