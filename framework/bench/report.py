@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.framework.bench.scheduler import QUEUE_LENGTHS, run_scheduler_bench
-from hetero.framework.cli.output import print_json
+from hetero.framework.output import print_json
 
 
 def run_bench_scheduler(console: Console, as_json: bool, devices: int = 64) -> int:

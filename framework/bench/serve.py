@@ -118,7 +118,7 @@ def _served(
     log = logs / f"{label}.log"
     argv = [a.replace("{port}", str(port)) for a in args]
     began = time.perf_counter()
-    process = bench_procs.start(argv, log)
+    process = bench_procs.start(argv[0], argv[1:], log)
     try:
         try:
             bench_procs.wait_ready(url, ready_path, process, READY_TIMEOUT_S)
@@ -192,7 +192,8 @@ def run_serve_bench(
         logs = Path(directory)
         report("in-process loop: concurrency 1")
         stacks["inprocess"] = _inprocess(seconds, threads)
-        fastapi_args = ["fastapi", "--port", "{port}", "--threads", str(threads)]
+        fastapi_args = [bench_procs.MODULE, "fastapi", "--port", "{port}"]
+        fastapi_args += ["--threads", str(threads)]
         stacks["fastapi"] = _served(fastapi_args, "", seconds, concurrency, logs, report, "fastapi")
         for label, variant, modes, isolation in (
             ("hetero", policy_variant(policy, logs, cache=False), ("points",), True),
@@ -204,7 +205,7 @@ def run_serve_bench(
                 False,
             ),
         ):
-            args = ["hetero", "--", "serve", "--policy", variant, "--port", "{port}"]
+            args = [bench_procs.CLI_MODULE, "serve", "--policy", variant, "--port", "{port}"]
             stacks[label] = _served(
                 args,
                 "/ready",

@@ -1,14 +1,15 @@
 """The processes ``hetero bench serve`` measures, and how it starts, sizes and stops them.
 
-Entry point for the child processes::
+The child processes::
 
     python -m hetero.framework.bench.serve_procs fastapi --port P [--threads N]
-    python -m hetero.framework.bench.serve_procs hetero -- serve --policy F --port P
+    python -m hetero.framework.cli serve --policy F --port P
 
 ``fastapi`` is the baseline: a plain FastAPI app on uvicorn with ``def`` handlers (FastAPI's
 thread pool, so model calls overlap), the same ``hetero.models`` stages each loaded by itself on
-ONNX Runtime's CPU device, no engine, no batching, no queues, no cache. ``hetero`` is the
-``hetero`` command line itself. Both run ONNX Runtime through the same executor, with intra-op
+ONNX Runtime's CPU device, no engine, no batching, no queues, no cache. The other is the
+``hetero`` command line itself, started by module name, never imported (the CLI imports the
+bench, not the other way). Both run ONNX Runtime through the same executor, with intra-op
 spin-waiting off.
 """
 
@@ -28,6 +29,8 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "CLI_MODULE",
+    "MODULE",
     "build_baseline_app",
     "free_port",
     "start",
@@ -37,6 +40,7 @@ __all__ = [
 ]
 
 MODULE = "hetero.framework.bench.serve_procs"
+CLI_MODULE = "hetero.framework.cli"
 
 
 def build_baseline_app(threads: int) -> Any:
@@ -78,11 +82,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start ``python -m`` this module with ``args``; output goes to ``log``."""
+def start(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m module`` with ``args``; output goes to ``log``."""
     with log.open("ab") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", MODULE, *args],
+            [sys.executable, "-m", module, *args],
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -142,23 +146,13 @@ def _serve_baseline(port: int, threads: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run one child process of the bench."""
+    """Run the baseline's child process."""
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
-    parser.add_argument("stack", choices=["fastapi", "hetero"])
+    parser.add_argument("stack", choices=["fastapi"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:split])
-    rest = argv[split + 1 :]  # hetero: its own command line
-    if args.stack == "fastapi":
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        _serve_baseline(args.port, args.threads)
-        return
-    from hetero.framework.cli import main as hetero_main
-
-    sys.exit(hetero_main(rest))
+    args = parser.parse_args(argv)
+    _serve_baseline(args.port, args.threads)
 
 
 if __name__ == "__main__":

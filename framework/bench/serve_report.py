@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.framework.bench.serve import DEFAULT_CONCURRENCY, run_serve_bench
-from hetero.framework.cli.output import print_json
+from hetero.framework.output import print_json
 
 __all__ = ["parse_concurrency", "print_report", "run_bench_serve"]
 

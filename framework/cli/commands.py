@@ -8,10 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hetero.framework.cli.output import print_json
 from hetero.framework.cli.units import bytes_text, rate_text, seconds_text
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import Fleet, discover_devices, resolve_fleet
+from hetero.framework.output import print_json
 from hetero.framework.plan import DeviceCost, plan_policy
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Detection, Registry

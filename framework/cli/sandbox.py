@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hetero.framework.cli.output import print_json
+from hetero.framework.output import print_json
 from hetero.framework.policy import load_policy
 
 

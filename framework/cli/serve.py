@@ -16,9 +16,9 @@ from typing import Any
 
 from rich.console import Console
 
-from hetero.framework.cli.output import print_json
 from hetero.framework.cli.startup import compliance_for, load_with_progress
 from hetero.framework.errors import HeteroError
+from hetero.framework.output import print_json
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
 

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hetero.framework.cli.output import print_json
 from hetero.framework.fleet import resolve_fleet
+from hetero.framework.output import print_json
 from hetero.framework.policy import load_policy
 from hetero.framework.registry import Registry
 from hetero.framework.simulator import load_workload

@@ -1,5 +1,6 @@
-"""Machine-readable output: every command with ``--json`` (and ``hetero run``) prints through
-:func:`print_json`, so scripts and tests read data, never the tables drawn for people."""
+"""Machine-readable output: every command with ``--json`` (``hetero bench`` included, and
+``hetero run``) prints through :func:`print_json`, so scripts and tests read data, never the
+tables drawn for people. Below the CLI and the bench alike, so neither imports the other for it."""
 
 from __future__ import annotations
 
