@@ -51,9 +51,9 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
     app.include_router(routes_ops.router)
     app.include_router(routes_admin.router)
     if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements
-        from hetero.framework.bench import peer_routes
+        from hetero.framework.server import peer_api
 
-        app.include_router(peer_routes.router)
+        app.include_router(peer_api.router)
     add_policy_routes(app, spec.routes)  # last: a built-in path always wins
     describe_openapi(app, spec.server.limits)
     limits = spec.server.limits

@@ -1,6 +1,7 @@
 """The peers harness's API (``../shared/peers``): ``POST /embed {"texts": [...]}`` and
 ``POST /vision {"image_b64": ...}``, answered through the same engine as every other route.
-Mounted only when the policy sets ``server.peer_routes: true`` (``policies/bench-serve.yaml``)."""
+Mounted only when the policy sets ``server.peer_routes: true`` (``policies/bench-serve.yaml``,
+which ``hetero bench serve`` serves); the bench measures them, the server answers them."""
 
 from __future__ import annotations
 
