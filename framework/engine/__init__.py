@@ -8,6 +8,7 @@ from hetero.framework.engine.engine import (
     describe_failure,
 )
 from hetero.framework.engine.metrics import Metrics
+from hetero.framework.engine.request_graph import FeatureStore, GraphNode, RequestGraph
 from hetero.framework.engine.requests import EngineResult, StepTrace
 
 __all__ = [
@@ -15,7 +16,10 @@ __all__ = [
     "AccessRefusedError",
     "Engine",
     "EngineResult",
+    "FeatureStore",
+    "GraphNode",
     "Metrics",
+    "RequestGraph",
     "StageStatus",
     "StepTrace",
     "describe_failure",

@@ -35,6 +35,7 @@ from hetero.framework.engine.lanes import (
 )
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.pacing import Pace, Shares
+from hetero.framework.engine.request_graph import FeatureStore, GraphNode, RequestGraph
 from hetero.framework.engine.requests import EngineResult, RequestState, StepTrace
 from hetero.framework.errors import (
     HeteroError,
@@ -144,6 +145,7 @@ class Engine:
             only on devices of that runtime.
         nice: A CPU priority per stage (policy ``server.nice``) for its lanes' threads.
         probe: Time each eligible device at warm-up (calibration), or trust the cost model.
+        features: The feature cache, for request graphs' steps that carry a cache key.
     """
 
     def __init__(
@@ -162,9 +164,11 @@ class Engine:
         pinned: Mapping[str, str] | None = None,
         nice: Mapping[str, int] | None = None,
         probe: bool = True,
+        features: FeatureStore | None = None,
     ) -> None:
         self.policy = policy
         self.cache = cache
+        self.features = features
         self.gate = gate
         self.probe = probe
         self.plugins: dict[str, StagePlugin] = dict(plugins or {})
@@ -614,6 +618,162 @@ class Engine:
             stage, pipeline, payload, qos_class, profile, principal, variant, request_id
         )
 
+    def submit_graph(self, graph: RequestGraph) -> Future[EngineResult]:
+        """Start a request graph; its future holds the outputs of the steps marked
+        ``answer`` (masked for the principal where a stage touches a partition), where each
+        step ran and which the feature cache answered. Cancelling the future cancels the
+        request.
+
+        In order: access checks for every step that touches a partition; the feature cache
+        for first steps with a key (a request answered whole by the cache is never queued);
+        admission of every other step (its variant, the class's deadline behind the queue,
+        the principal's fair share of each stage); then every step whose inputs are ready is
+        queued, the others as their dependencies finish.
+
+        Raises:
+            UnknownRouteError: a step names a stage the engine does not run.
+            PermissionError: a step touches a partition and the gate refused; nothing queued.
+            ShedError: admission refused it (429 with ``retry_after_s``) or the engine is
+                shutting down (503).
+            KeyError: unknown QoS class.
+        """
+        nodes = graph.nodes
+        for node in nodes.values():
+            if node.stage not in self.plugins:
+                raise UnknownRouteError(node.stage, tuple(sorted(self.plugins)))
+        pipeline = Pipeline(
+            graph.name, {step: PipelineStep(node.stage, node.after) for step, node in nodes.items()}
+        )
+        spec = self.policy.spec
+        qos = graph.qos_class or spec.qos.default_class
+        if qos not in spec.qos.classes:
+            classes = ", ".join(sorted(spec.qos.classes))
+            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
+        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        number = next(_request_ids)
+        request_id = f"{graph.request_id}:{number}" if graph.request_id else f"req-{number}"
+        principal = graph.principal
+        self._authorize(pipeline, graph.name, principal, request_id)
+        if self._stopping:
+            raise ShedError("engine is shutting down", status=503)
+        hits = self._lookup(graph)
+        variants: dict[str, str] = {}
+        reasons: dict[str, str] = {}
+        units = 0.0
+        by_stage: dict[str, list[str]] = {}
+        for step in pipeline.order:
+            if step not in hits:
+                by_stage.setdefault(nodes[step].stage, []).append(step)
+        for stage, steps in by_stage.items():  # once per stage, for all its steps' items
+            units = max(units, *(self._units(nodes[step].profile) for step in steps))
+            if graph.variant is not None:
+                variants.update(dict.fromkeys(steps, graph.variant))
+                continue
+            plugin = self.plugins[stage]
+            items = sum(self._items(plugin, nodes[step]) for step in steps)
+            profile = max(
+                (nodes[step].profile for step in steps),
+                key=self._units,
+            )
+            variant, reason = self.admit(stage, qos, profile, items=items, principal=principal)
+            variants.update(dict.fromkeys(steps, variant))
+            reasons.update(dict.fromkeys(steps, reason))
+        now = self.clock.now()
+        future: Future[EngineResult] = Future()
+        state = RequestState(
+            request_id=request_id,
+            route=graph.name,
+            pipeline=pipeline,
+            payload=None,
+            qos_class=qos,
+            variant=graph.variant or "full",
+            arrival=now,
+            deadline=now + deadline_s,
+            future=future,
+            units=units,
+            principal=principal,
+            variants=variants,
+            reasons=reasons,
+            payloads={s: n.payload for s, n in nodes.items() if n.compose is None},
+            composers={s: n.compose for s, n in nodes.items() if n.compose is not None},
+            answer=tuple(step for step in pipeline.order if nodes[step].answer),
+        )
+        for step, (value, tier) in hits.items():
+            state.outputs[step] = OutputHandle(CACHE_DEVICE, value, nbytes_of(value))
+            state.devices[step] = CACHE_DEVICE
+            state.cached[step] = tier
+        for step, variant in variants.items():
+            key_of = nodes[step].cache_key
+            if key_of is not None and self.features is not None:
+                state.keys[step] = key_of(variant)
+        return self._start(state, principal)
+
+    @staticmethod
+    def _items(plugin: StagePlugin, node: GraphNode) -> int:
+        if node.items is not None:
+            return node.items
+        return plugin.items(node.payload) if node.payload is not None else 1
+
+    def _lookup(self, graph: RequestGraph) -> dict[str, tuple[Any, str]]:
+        """First steps the feature cache answers, by step: (value, tier)."""
+        hits: dict[str, tuple[Any, str]] = {}
+        if self.features is None or graph.variant not in (None, "full"):
+            return hits
+        for step, node in graph.nodes.items():
+            if node.cache_key is None or node.after:
+                continue
+            try:
+                value, tier = self.features.lookup(node.stage, node.cache_key("full"))
+            except Exception as err:  # the cache never fails a request: a miss
+                logger.warning("cache lookup for %s failed: %s", node.stage, err)
+                continue
+            if value is not None and tier is not None:
+                hits[step] = (value, tier)
+        return hits
+
+    def _start(
+        self, state: RequestState, principal: Any, shares: tuple[str, ...] | None = None
+    ) -> Future[EngineResult]:
+        """Register a request and queue its ready steps; answered at once when nothing is
+        left to run. The principal holds a share of each stage in ``shares`` (by default of
+        every stage admission judged) until the request ends."""
+        future = state.future
+        who = getattr(principal, "name", None)
+        if shares is None:
+            shares = tuple(
+                dict.fromkeys(state.pipeline.steps[step].stage for step in state.variants)
+            )
+        with self._lock:
+            if self._stopping:
+                raise ShedError("engine is shutting down", status=503)
+            self._requests[state.request_id] = state
+            if who is not None:
+                for stage in shares:
+                    state.holders.append((stage, str(who)))
+                    self._shares.hold(stage, str(who))
+            try:
+                self._enqueue_ready(state)
+            except ShedError as err:
+                self._end(state)
+                stage = state.pipeline.steps[state.pipeline.order[0]].stage
+                self.metrics.shed.labels(stage, "queue_full").inc()
+                self.metrics.outcomes.labels(state.route, "shed").inc()
+                if isinstance(err, QueueFullError):
+                    err.retry_after_s = max(
+                        self.policy.spec.server.retry_after_s, self._queue_delay_s(stage)
+                    )
+                raise
+            answered = state.done()  # every step came from the cache
+            if answered:
+                self._end(state)
+        if answered:
+            self.metrics.outcomes.labels(state.route, "ok").inc()
+            future.set_result(self._result(state))
+            return future
+        future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
+        self._kick()
+        return future
+
     def _profile(self, stage: str, payload: Any) -> RequestProfile | None:
         try:
             return self.plugins[stage].profile(payload)
@@ -755,34 +915,9 @@ class Engine:
             deadline=now + deadline_s,
             future=future,
             units=self._units(profile),
+            principal=principal,
         )
-        who = getattr(principal, "name", None)
-        with self._lock:
-            if self._stopping:
-                raise ShedError("engine is shutting down", status=503)
-            self._requests[state.request_id] = state
-            if who is not None:
-                state.holder = (first, str(who))
-                self._shares.hold(first, str(who))
-            try:
-                self._enqueue_ready(state)
-            except ShedError as err:
-                self._end(state)
-                self.metrics.shed.labels(first, "queue_full").inc()
-                self.metrics.outcomes.labels(route, "shed").inc()
-                if isinstance(err, QueueFullError):
-                    err.retry_after_s = max(spec.server.retry_after_s, self._queue_delay_s(first))
-                raise
-            answered = state.done()  # every step came from the cache
-            if answered:
-                self._end(state)
-        if answered:
-            self.metrics.outcomes.labels(route, "ok").inc()
-            future.set_result(self._result(state))
-            return future
-        future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
-        self._kick()
-        return future
+        return self._start(state, principal, (first,))
 
     def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
         for step in pipeline.order:
@@ -837,8 +972,9 @@ class Engine:
 
     def _end(self, state: RequestState) -> None:
         """Forget a request that ended and drop its queued steps (lock held)."""
-        if self._requests.pop(state.request_id, None) is not None and state.holder is not None:
-            self._shares.release(*state.holder)
+        if self._requests.pop(state.request_id, None) is not None:
+            for holder in state.holders:
+                self._shares.release(*holder)
         for task in state.live_tasks.values():
             self.scheduler.cancel(task)
         state.live_tasks.clear()
@@ -855,7 +991,9 @@ class Engine:
             progressed = False
             for step in state.ready_steps():
                 stage = state.pipeline.steps[step].stage
-                variant = state.variant if state.variant in stages[stage].variants else "full"
+                variant = state.variants.get(step) or (
+                    state.variant if state.variant in stages[stage].variants else "full"
+                )
                 cached = self._cached(state, step, stage, variant)
                 if cached is not None:
                     size = sum(int(np.asarray(v).nbytes) for v in cached.values())
@@ -885,6 +1023,16 @@ class Engine:
         """A step's payload: the request's for a first step; for a bare graph after others,
         its dependencies' output arrays merged and filtered to the graph's input names; for a
         plugin after others, the dependencies' outputs by step."""
+        if step in state.payloads:
+            return state.payloads[step]
+        compose = state.composers.pop(step, None)
+        if compose is not None:  # once, when its dependencies are done
+            done = {
+                dep: self._fetched(state.outputs[dep].value)
+                for dep in state.pipeline.after_of[step]
+            }
+            state.payloads[step] = compose(done)
+            return state.payloads[step]
         deps = state.pipeline.steps[step].after
         payload = {dep: state.outputs[dep].value for dep in deps} if deps else state.payload
         plugin = self.plugins.get(state.pipeline.steps[step].stage)
@@ -910,7 +1058,13 @@ class Engine:
             logger.warning("cache lookup for %s failed: %s", stage, err)
             return None
 
-    def _offer(self, task: StageTask, inputs: Any, outputs: Any) -> None:
+    def _offer(self, task: StageTask, inputs: Any, outputs: Any, key: Any = None) -> None:
+        if key is not None and self.features is not None:
+            try:
+                self.features.put(task.stage, key, self._fetched(outputs))
+            except Exception as err:  # the cache never fails a request
+                logger.warning("caching %s failed: %s", task.stage, err)
+            return
         if self.cache is None or not isinstance(self.plugins[task.stage], GraphStage):
             return
         try:
@@ -1087,9 +1241,10 @@ class Engine:
                 return  # cancelled or timed out meanwhile
             state.live_tasks.pop(task.id, None)
             offered = None
+            key = state.keys.get(task.step)
             error: BaseException | None = None
             if outcome.error is None:
-                offered = self._step_inputs(state, task.step)
+                offered = None if key is not None else self._step_inputs(state, task.step)
                 state.outputs[task.step] = OutputHandle(
                     device_id, outcome.output, nbytes_of(outcome.output)
                 )
@@ -1105,8 +1260,8 @@ class Engine:
             finished = error is not None or state.done()
             if finished:
                 self._end(state)
-        if offered is not None:
-            self._offer(task, offered, outcome.output)  # outside the lock: it does I/O
+        if offered is not None or (key is not None and outcome.error is None):
+            self._offer(task, offered, outcome.output, key)  # outside the lock: it does I/O
         if not finished:
             return
         self._answer(state, error)
@@ -1132,17 +1287,29 @@ class Engine:
         had_light = any(
             "light" in stages[step.stage].variants for step in state.pipeline.steps.values()
         )
+        answer = state.answer if state.answer is not None else state.pipeline.sinks
         return EngineResult(
             request_id=state.request_id,
-            outputs={
-                sink: self._fetched(state.outputs[sink].value) for sink in state.pipeline.sinks
-            },
+            outputs={step: self._answered(state, step) for step in answer},
             devices=dict(state.devices),
-            degraded=state.variant == "light" and had_light,
+            degraded=(state.variant == "light" and had_light)
+            or any(v == "light" for v in state.variants.values()),
             latency_s=self.clock.now() - state.arrival,
             variant=state.variant,
             steps=tuple(state.steps),
+            cached=dict(state.cached),
+            variants=dict(state.variants),
+            reasons=dict(state.reasons),
         )
+
+    def _answered(self, state: RequestState, step: str) -> Any:
+        """A step's output fetched to the caller, masked for the caller's role where its
+        stage touches a partition."""
+        value = self._fetched(state.outputs[step].value)
+        stage = state.pipeline.steps[step].stage
+        if self.gate is not None and self.policy.spec.stages[stage].partition is not None:
+            return self.gate.mask(state.principal, stage, value)
+        return value
 
     def _continue(self, state: RequestState) -> BaseException | None:
         """Queue the steps a finished one unblocked (lock held); an error if shed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,12 @@ class EngineResult:
     latency_s: float
     variant: str = "full"
     steps: tuple[StepTrace, ...] = ()
+    cached: dict[str, str] = field(default_factory=dict)
+    """Steps the feature cache answered, and the tier that had each."""
+    variants: dict[str, str] = field(default_factory=dict)
+    """The variant each step ran (admission's choice per step)."""
+    reasons: dict[str, str] = field(default_factory=dict)
+    """Why admission degraded a step to its light variant, by step."""
 
 
 @dataclass(slots=True)
@@ -62,7 +69,15 @@ class RequestState:
     deadline: float
     future: Future[EngineResult]
     units: float = 0.0  # complexity units of its profile (0: none stated)
-    holder: tuple[str, str] | None = None  # (first stage, principal) whose share it uses
+    holders: list[tuple[str, str]] = field(default_factory=list)  # (stage, principal) shares held
+    principal: Any = None
+    variants: dict[str, str] = field(default_factory=dict)  # by step; else ``variant``
+    reasons: dict[str, str] = field(default_factory=dict)  # why a step was degraded
+    payloads: dict[str, Any] = field(default_factory=dict)  # by step, known or composed
+    composers: dict[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
+    keys: dict[str, Any] = field(default_factory=dict)  # feature-cache key by step, for fills
+    cached: dict[str, str] = field(default_factory=dict)  # steps the cache answered: tier
+    answer: tuple[str, ...] | None = None  # steps whose outputs the caller gets (None: sinks)
     outputs: dict[str, OutputHandle] = field(default_factory=dict)
     devices: dict[str, str] = field(default_factory=dict)
     live_tasks: dict[int, StageTask] = field(default_factory=dict)

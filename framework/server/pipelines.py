@@ -1,22 +1,29 @@
-"""Running a policy pipeline for one request: its steps level by level (steps of a level in
-parallel), each step's input taken from the request or from the steps before it, and the LLM
-prompt built from what the other stages found."""
+"""A policy pipeline as one request graph: each step's input taken from the request (read and
+measured once) or built from the steps before it, the LLM prompt built from what the other
+stages found; the whole graph is submitted to the engine once."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.media import audio_seconds, image_size
-from hetero.framework.server.serving import Serving, StageRun
+from hetero.framework.server.serving import LLM_STEP, ServedStage, Serving, StageRun, Step
+from hetero.framework.stage_plugin import Generation
 
-__all__ = ["PipelineInputs", "describe_image", "image_context", "run_pipeline"]
+__all__ = [
+    "LLM_STEP",
+    "PipelineInputs",
+    "context_of",
+    "image_context",
+    "image_steps",
+    "run_pipeline",
+]
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly and plainly."
 LABEL_MIN_P = 0.15  # an ImageNet label below this probability is not given to the LLM
@@ -57,31 +64,32 @@ def image_context(labels: Sequence[Sequence[Any]] | None, text: str | None) -> s
     return "[Attached image. " + " ".join(parts) + "]"
 
 
-async def describe_image(
-    rt: Serving,
-    image: bytes,
-    caller: Caller,
-    request_id: str,
-    *,
-    with_ocr: bool,
-    param: str = "image",
-) -> tuple[str, list[StageRun]]:
-    """Vision labels (and OCR text) of one image, as LLM context."""
+def image_steps(
+    rt: Serving, image: bytes, prefix: str, *, with_ocr: bool, param: str = "image"
+) -> dict[str, Step]:
+    """The vision (and OCR) steps of one image, its header read once for both; their
+    outputs make its LLM context (:func:`context_of`)."""
     width, height = image_size(image, rt.limits, param)
     profile = RequestProfile(image_pixels=width * height)
-    vision = rt.stage_of_kind("vision_encode")
-    calls = [
-        rt.run(vision, image, caller=caller, request_id=request_id, profile=profile, content=image)
-    ]
+    steps = {
+        f"{prefix}vision": Step(
+            rt.stage_of_kind("vision_encode"), image, profile=profile, content=image
+        )
+    }
     ocr = next((s for s in rt.stages.values() if s.kind == "ocr" and not s.sensitive), None)
     if with_ocr and ocr is not None:
-        calls.append(
-            rt.run(ocr, image, caller=caller, request_id=request_id, profile=profile, content=image)
-        )
-    results = await asyncio.gather(*calls)
-    labels = results[0][0]["labels"]
-    text = results[1][0]["text"] if len(results) > 1 else None
-    return image_context(labels, text), [run for _, run in results]
+        steps[f"{prefix}ocr"] = Step(ocr, image, profile=profile, content=image)
+    return steps
+
+
+def context_of(done: Mapping[str, Any], prefix: str) -> str:
+    """The LLM context of one image from its steps' outputs (:func:`image_steps`)."""
+    vision = done.get(f"{prefix}vision")
+    ocr = done.get(f"{prefix}ocr")
+    return image_context(
+        vision["labels"] if vision is not None else None,
+        ocr["text"] if ocr is not None else None,
+    )
 
 
 def _field(inputs: PipelineInputs, modality: str) -> str:
@@ -101,66 +109,29 @@ def _need(value: Any, what: str, pipeline: str) -> Any:
     return value
 
 
-async def _step(
-    rt: Serving,
-    pipeline: str,
-    stage_name: str,
-    inputs: PipelineInputs,
-    done: Mapping[str, Any],
-    caller: Caller,
-    request_id: str,
-) -> tuple[Any, StageRun]:
+def _served(rt: Serving, pipeline: str, stage_name: str) -> ServedStage:
     stage = rt.stages.get(stage_name)
-    if stage is None:
-        failure = rt.failed.get(stage_name)
-        if failure is not None:
-            raise APIError(
-                503,
-                f"pipeline {pipeline!r}: stage {stage_name!r} is unavailable: {failure.reason}",
-                code="stage_unavailable",
-            )
-        reason = rt.unserved.get(stage_name, "not loaded")
-        if rt.loading:
-            raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
+    if stage is not None:
+        return stage
+    failure = rt.failed.get(stage_name)
+    if failure is not None:
         raise APIError(
             503,
-            f"pipeline {pipeline!r}: stage {stage_name!r} has no model here ({reason})",
-            code="stage_not_served",
+            f"pipeline {pipeline!r}: stage {stage_name!r} is unavailable: {failure.reason}",
+            code="stage_unavailable",
         )
-    kind = stage.kind
-    if kind in ("vision_encode", "ocr"):
-        image = _need(inputs.image, "an image", pipeline)
-        width, height = image_size(image, rt.limits, _field(inputs, "image"))
-        value, run = await rt.run(
-            stage,
-            image,
-            caller=caller,
-            request_id=request_id,
-            profile=RequestProfile(image_pixels=width * height),
-            content=image,
-        )
-        if kind == "vision_encode":
-            out = {
-                "labels": [{"label": n, "score": s} for n, s in value["labels"]],
-                "width": value["width"],
-                "height": value["height"],
-            }
-        else:
-            out = {"text": value["text"], "lines": value["lines"]}
-        return out, run
-    if kind == "asr":
-        audio = _need(inputs.audio, "audio", pipeline)
-        seconds = audio_seconds(audio, rt.limits, _field(inputs, "audio"))
-        value, run = await rt.run(
-            stage,
-            audio,
-            caller=caller,
-            request_id=request_id,
-            profile=RequestProfile(audio_seconds=seconds),
-            content=audio,
-        )
-        return value, run
-    upstream_text = next(
+    reason = rt.unserved.get(stage_name, "not loaded")
+    if rt.loading:
+        raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
+    raise APIError(
+        503,
+        f"pipeline {pipeline!r}: stage {stage_name!r} has no model here ({reason})",
+        code="stage_not_served",
+    )
+
+
+def _upstream_text(done: Mapping[str, Any]) -> str | None:
+    return next(
         (
             o.get("text")
             for o in reversed(list(done.values()))
@@ -168,68 +139,134 @@ async def _step(
         ),
         None,
     )
-    if kind == "text_embed":
-        text = _need(inputs.text or upstream_text, "text", pipeline)
-        vectors, run = await rt.embed([text], caller=caller, request_id=request_id)
-        return {"embedding": vectors[0].tolist()}, run
-    if kind == "tts":
-        text = _need(upstream_text or inputs.text, "text", pipeline)
-        value, run = await rt.run(stage, (text[:4096], 1.0), caller=caller, request_id=request_id)
-        return {"audio_wav_base64": base64.b64encode(value).decode()}, run
-    context = []
-    for output in done.values():
-        if isinstance(output, dict) and "labels" in output:
-            labels = [(lab["label"], lab["score"]) for lab in output["labels"]]
-            context.append(image_context(labels, None))
-        elif isinstance(output, dict) and "lines" in output:
-            context.append(image_context(None, output["text"]))
-        elif isinstance(output, dict) and "duration_s" in output:
-            context.append(f'[Transcribed audio: "{output["text"]}"]')
-    question = (
-        inputs.prompt
-        or inputs.text
-        or ("Describe the image in one sentence." if inputs.image else "Summarise this.")
-    )
-    messages = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": "\n".join([*context, question])},
-    ]
-    llm_model = stage.plugin
-    prompt_tokens = int(await asyncio.to_thread(llm_model.chat_prompt_tokens, messages))
-    if prompt_tokens > rt.limits.max_input_tokens:
-        raise APIError(
-            400,
-            f"the prompt has {prompt_tokens} tokens, over the limit of "
-            f"{rt.limits.max_input_tokens}",
-            code="context_length_exceeded",
+
+
+def _messages(
+    rt: Serving, stage: ServedStage, inputs: PipelineInputs
+) -> Callable[[Mapping[str, Any]], list[dict[str, str]]]:
+    """How the LLM step's messages are built from what the steps before it found."""
+
+    def build(done: Mapping[str, Any]) -> list[dict[str, str]]:
+        context = []
+        for output in done.values():
+            if isinstance(output, dict) and "labels" in output:
+                context.append(image_context(output["labels"], None))
+            elif isinstance(output, dict) and "lines" in output:
+                context.append(image_context(None, output["text"]))
+            elif isinstance(output, dict) and "duration_s" in output:
+                context.append(f'[Transcribed audio: "{output["text"]}"]')
+        question = (
+            inputs.prompt
+            or inputs.text
+            or ("Describe the image in one sentence." if inputs.image else "Summarise this.")
         )
-    pieces, summary, run = await rt.generate(
-        messages,
-        caller=caller,
-        max_tokens=inputs.max_tokens,
-        request_id=request_id,
-        prompt_tokens=prompt_tokens,
-    )
-    text = "".join([piece async for piece in pieces])
-    final = await summary
-    return {
-        "text": text,
-        "finish_reason": final["finish_reason"],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": final["completion_tokens"]},
-    }, replace(run, device=final["device"])
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "\n".join([*context, question])},
+        ]
+
+    return build
+
+
+def _step(
+    rt: Serving,
+    pipeline: str,
+    stage: ServedStage,
+    after: tuple[str, ...],
+    inputs: PipelineInputs,
+    counted: dict[str, int],
+) -> Step:
+    """One step of a pipeline: its input from the request, or built from the steps before."""
+    kind = stage.kind
+    if kind in ("vision_encode", "ocr"):
+        image = _need(inputs.image, "an image", pipeline)
+        width, height = image_size(image, rt.limits, _field(inputs, "image"))
+        profile = RequestProfile(image_pixels=width * height)
+        return Step(stage, image, after=after, profile=profile, content=image)
+    if kind == "asr":
+        audio = _need(inputs.audio, "audio", pipeline)
+        seconds = audio_seconds(audio, rt.limits, _field(inputs, "audio"))
+        profile = RequestProfile(audio_seconds=seconds)
+        return Step(stage, audio, after=after, profile=profile, content=audio)
+    if kind == "text_embed":
+        if inputs.text is not None or not after:
+            text = _need(inputs.text, "text", pipeline)
+            return Step(stage, [text], after=after, content=text.encode(), items=1)
+        return Step(
+            stage,
+            after=after,
+            compose=lambda done: [_need(_upstream_text(done), "text", pipeline)],
+            items=1,
+        )
+    if kind == "tts":
+        if not after:
+            text = _need(inputs.text, "text", pipeline)
+            return Step(stage, (text[:4096], 1.0))
+        return Step(
+            stage,
+            after=after,
+            compose=lambda done: (
+                _need(_upstream_text(done) or inputs.text, "text", pipeline)[:4096],
+                1.0,
+            ),
+        )
+    build = _messages(rt, stage, inputs)
+
+    def compose(done: Mapping[str, Any]) -> Generation:
+        messages = build(done)
+        tokens = int(stage.plugin.chat_prompt_tokens(messages))
+        if tokens > rt.limits.max_input_tokens:
+            raise APIError(
+                400,
+                f"the prompt has {tokens} tokens, over the limit of {rt.limits.max_input_tokens}",
+                code="context_length_exceeded",
+            )
+        counted["prompt_tokens"] = tokens
+        return Generation(messages, inputs.max_tokens)
+
+    profile = RequestProfile(text_tokens=inputs.max_tokens)
+    return Step(stage, after=after, compose=compose, profile=profile)
+
+
+def _shown(kind: str, value: Any, counted: Mapping[str, int]) -> Any:
+    """A step's output as the pipeline routes answer with it."""
+    if kind == "vision_encode":
+        return {
+            "labels": [{"label": n, "score": s} for n, s in value["labels"]],
+            "width": value["width"],
+            "height": value["height"],
+        }
+    if kind == "ocr":
+        return {"text": value["text"], "lines": value["lines"]}
+    if kind == "text_embed":
+        return {"embedding": [float(x) for x in list(value[0])]}
+    if kind == "tts":
+        return {"audio_wav_base64": base64.b64encode(value).decode()}
+    if kind == "llm_generate":
+        return {
+            "text": value["text"],
+            "finish_reason": value["finish_reason"],
+            "usage": {
+                "prompt_tokens": counted.get("prompt_tokens", 0),
+                "completion_tokens": value["completion_tokens"],
+            },
+        }
+    return value
 
 
 async def run_pipeline(
     rt: Serving, name: str, inputs: PipelineInputs, caller: Caller, request_id: str
 ) -> PipelineResult:
-    """Run pipeline ``name`` (or a single stage of that name) of the policy."""
+    """Run pipeline ``name`` (or a single stage of that name) of the policy as one request
+    graph."""
     pipeline = rt.policy.pipelines.get(name)
     if pipeline is not None:
-        levels = [
-            [(step, pipeline.steps[step].stage) for step in level] for level in pipeline.levels
+        plan = [
+            (step, pipeline.steps[step].stage, pipeline.steps[step].after)
+            for step in pipeline.order
         ]
     elif name in rt.spec.stages:
-        levels = [[(name, name)]]
+        plan = [(name, name, ())]
     else:
         known = ", ".join(sorted(rt.policy.pipelines)) or "none"
         raise APIError(
@@ -238,15 +275,14 @@ async def run_pipeline(
             param="name",
             code="unknown_pipeline",
         )
+    counted: dict[str, int] = {}
+    steps = {
+        step: _step(rt, name, _served(rt, name, stage), tuple(after), inputs, counted)
+        for step, stage, after in plan
+    }
+    answer = await rt.submit(name, steps, caller=caller, request_id=request_id)
     result = PipelineResult()
-    for level in levels:
-        answers = await asyncio.gather(
-            *(
-                _step(rt, name, stage, inputs, dict(result.outputs), caller, request_id)
-                for _, stage in level
-            )
-        )
-        for (step, _), (output, run) in zip(level, answers, strict=True):
-            result.outputs[step] = output
-            result.runs.append(run)
+    for step, _, _ in plan:
+        result.outputs[step] = _shown(steps[step].stage.kind, answer.outputs[step], counted)
+        result.runs.append(answer.runs[step])
     return result

@@ -9,8 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hetero.framework.scheduler.breakers import RequestProfile
-from hetero.framework.server.auth import Caller
 from hetero.framework.server.bodies import (
     ChatRequest,
     EmbeddingRequest,
@@ -32,8 +30,8 @@ from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.openapi import json_body, multipart_body
-from hetero.framework.server.pipelines import SYSTEM_PROMPT, describe_image
-from hetero.framework.server.serving import ServedStage, Serving, StageRun
+from hetero.framework.server.pipelines import SYSTEM_PROMPT, context_of, image_steps
+from hetero.framework.server.serving import ServedStage, Serving, StageRun, Step
 
 __all__ = ["router"]
 
@@ -87,21 +85,24 @@ async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
     return {"object": "list", "data": data}
 
 
-async def _chat_messages(
-    rt: Serving, body: ChatRequest, caller: Caller, request_id: str
-) -> tuple[list[dict[str, str]], list[StageRun]]:
-    messages: list[dict[str, str]] = []
-    runs: list[StageRun] = []
+def _chat_messages(
+    rt: Serving, body: ChatRequest
+) -> tuple[dict[str, Step], Callable[[Mapping[str, Any]], list[dict[str, str]]]]:
+    """The steps that look at the request's images (vision and OCR of each, read once), and
+    how the LLM's messages are built once they are done (each image replaced by what they
+    saw)."""
+    turns: list[tuple[str, list[str | tuple[str]]]] = []  # a part: text, or (image prefix,)
+    steps: dict[str, Step] = {}
     images = 0
     for index, message in enumerate(body.messages):
         if message.content is None or isinstance(message.content, str):
-            messages.append({"role": message.role, "content": message.content or ""})
+            turns.append((message.role, [message.content or ""]))
             continue
-        texts = []
+        parts: list[str | tuple[str]] = []
         for part_index, part in enumerate(message.content):
             param = f"messages.{index}.content.{part_index}"
             if part.type == "text":
-                texts.append(part.text or "")
+                parts.append(part.text or "")
                 continue
             url = (
                 part.image_url
@@ -116,20 +117,33 @@ async def _chat_messages(
             if images > 4:
                 raise APIError(400, "at most 4 images per request", param=param)
             image = decode_data_url(url, f"{param}.image_url.url")
-            context, image_runs = await describe_image(
-                rt, image, caller, request_id, with_ocr=True, param=f"{param}.image_url.url"
+            prefix = f"image{images}_"
+            steps.update(
+                image_steps(rt, image, prefix, with_ocr=True, param=f"{param}.image_url.url")
             )
-            texts.append(context)
-            runs += image_runs
-        messages.append({"role": message.role, "content": "\n".join(texts)})
-    if not any(m["role"] in ("system", "developer") for m in messages):
-        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-    for entry in messages:
-        if entry["role"] == "developer":
-            entry["role"] = "system"
-        elif entry["role"] == "tool":
-            entry["role"] = "user"
-    return messages, runs
+            parts.append((prefix,))
+        turns.append((message.role, parts))
+
+    def build(done: Mapping[str, Any]) -> list[dict[str, str]]:
+        messages = [
+            {
+                "role": role,
+                "content": "\n".join(
+                    p if isinstance(p, str) else context_of(done, p[0]) for p in parts
+                ),
+            }
+            for role, parts in turns
+        ]
+        if not any(m["role"] in ("system", "developer") for m in messages):
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        for entry in messages:
+            if entry["role"] == "developer":
+                entry["role"] = "system"
+            elif entry["role"] == "tool":
+                entry["role"] = "user"
+        return messages
+
+    return steps, build
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
@@ -148,41 +162,78 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
             code="invalid_value",
         )
     request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    messages, runs = await _chat_messages(rt, body, caller, request_id)
-    characters = sum(len(str(m.get("content", ""))) for m in messages)
-    if characters > CHARS_PER_TOKEN_BOUND * limits.max_input_tokens:
-        raise APIError(  # certainly over the limit: refuse before tokenizing
-            400,
-            f"messages: {characters} characters is over the limit of "
-            f"{limits.max_input_tokens} tokens",
-            param="messages",
-            code="context_length_exceeded",
+    images, build = _chat_messages(rt, body)
+    counted: dict[str, int] = {}
+
+    def prompt_tokens_of(messages: list[dict[str, str]]) -> int:
+        characters = sum(len(str(m.get("content", ""))) for m in messages)
+        if characters > CHARS_PER_TOKEN_BOUND * limits.max_input_tokens:
+            raise APIError(  # certainly over the limit: refuse before tokenizing
+                400,
+                f"messages: {characters} characters is over the limit of "
+                f"{limits.max_input_tokens} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        tokens = int(stage.plugin.chat_prompt_tokens(messages))
+        if tokens > limits.max_input_tokens:
+            raise APIError(
+                400,
+                f"messages: the prompt has {tokens} tokens, over the limit "
+                f"of {limits.max_input_tokens}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        counted["prompt_tokens"] = tokens
+        return tokens
+
+    def messages_of(done: Mapping[str, Any]) -> list[dict[str, str]]:
+        messages = build(done)
+        prompt_tokens_of(messages)
+        return messages
+
+    if images:  # the prompt is known, and counted, once the images are seen
+        pieces, summary, run = await rt.generate(
+            messages_of,
+            caller=caller,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            request_id=request_id,
+            stop=body.stop_sequences(),
+            before=images,
         )
-    prompt_tokens = int(await asyncio.to_thread(stage.plugin.chat_prompt_tokens, messages))
-    if prompt_tokens > limits.max_input_tokens:
-        raise APIError(
-            400,
-            f"messages: the prompt has {prompt_tokens} tokens, over the limit "
-            f"of {limits.max_input_tokens}",
-            param="messages",
-            code="context_length_exceeded",
+    else:
+        messages = build({})
+        tokens = await asyncio.to_thread(prompt_tokens_of, messages)
+        pieces, summary, run = await rt.generate(
+            messages,
+            caller=caller,
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            request_id=request_id,
+            prompt_tokens=tokens,
+            stop=body.stop_sequences(),
         )
-    pieces, summary, run = await rt.generate(
-        messages,
-        caller=caller,
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        seed=body.seed,
-        request_id=request_id,
-        prompt_tokens=prompt_tokens,
-        stop=body.stop_sequences(),
-    )
+    runs = [
+        StageRun(
+            s.stage.name,
+            rt.placed_on(s.stage.name),
+            "full",
+            False,
+            "",
+            s.stage.config.model_version,
+        )
+        for s in images.values()
+    ]
     model = rt.model_id(stage)
     created = int(time.time())
     if not body.stream:
         text = "".join([piece async for piece in pieces])
         final = await summary
-        runs.append(replace(run, device=final["device"]))  # where it really ran
+        runs = list(final["graph"].runs.values())  # where each step really ran
+        prompt_tokens = counted["prompt_tokens"]
         rt.metrics.generated_tokens.inc(final["completion_tokens"])
         return JSONResponse(
             {
@@ -239,7 +290,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
                     "created": created,
                     "model": model,
                     "choices": [],
-                    "usage": _usage(prompt_tokens, final["completion_tokens"]),
+                    "usage": _usage(counted["prompt_tokens"], final["completion_tokens"]),
                 }
                 yield b"data: " + json.dumps(payload).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"

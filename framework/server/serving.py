@@ -10,12 +10,13 @@ runs no model and owns no queue or thread of its own: every model call is the en
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,7 +28,9 @@ from hetero.framework.engine import (
     AccessGate,
     Engine,
     EngineResult,
+    GraphNode,
     Metrics,
+    RequestGraph,
     StageStatus,
     StepTrace,
 )
@@ -46,17 +49,20 @@ from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, stage_plugins
 
 __all__ = [
+    "GraphAnswer",
     "SandboxProvider",
     "ServedStage",
     "Serving",
     "StageFailure",
     "StageRun",
     "StagesFailedError",
+    "Step",
 ]
 
 logger = logging.getLogger(__name__)
 
 CACHED_KINDS = frozenset({"vision_encode", "ocr", "asr", "text_embed"})
+LLM_STEP = "llm_generate"  # the generating step of a request graph that ends in generation
 Progress = Callable[[str, str], None]
 
 
@@ -136,6 +142,68 @@ class StageRun:
         if self.reason:
             out["degraded_because"] = self.reason
         return out
+
+
+@dataclass(slots=True)
+class Step:
+    """One step of a request as a route describes it: the stage, its input (or how it is
+    built from the outputs of the steps ``after``), the input's profile, measured once where
+    the input was read, and the content its feature-cache key is made of (None: not
+    cached)."""
+
+    stage: ServedStage
+    payload: Any = None
+    after: tuple[str, ...] = ()
+    compose: Callable[[Mapping[str, Any]], Any] | None = None
+    profile: RequestProfile | None = None
+    content: bytes | None = None
+    items: int | None = None
+    answer: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GraphAnswer:
+    """A finished request graph: the answered steps' outputs and how every step ran."""
+
+    outputs: dict[str, Any]
+    runs: dict[str, StageRun]
+
+
+@dataclass(slots=True)
+class Started:
+    """A request graph the engine took: its future, when it was submitted and admitted, the
+    version each step runs on and each step's span collector."""
+
+    future: Future[EngineResult]
+    began: float
+    admitted: float
+    stages: dict[str, ServedStage]
+    spans: dict[str, StageSpans] = field(default_factory=dict)
+
+
+class _Features:
+    """The feature cache as the engine asks it: values converted per stage kind, hits and
+    misses counted per policy stage."""
+
+    def __init__(self, serving: Serving, cache: FeatureCache) -> None:
+        self.serving = serving
+        self.cache = cache
+
+    def _kind(self, stage: str) -> str:
+        engine = self.serving.engine
+        plugin = engine.plugins.get(stage) if engine is not None else None
+        return str(getattr(plugin, "name", ""))
+
+    def lookup(self, stage: str, key: Any) -> tuple[Any, str | None]:
+        hit, tier = self.cache.lookup(key)
+        name = stage.split("@", 1)[0]  # a swapped-in version's engine stage: name@version
+        if hit is None:
+            self.serving.metrics.cache_misses.labels(name).inc()
+            return None, None
+        return _from_cache(self._kind(stage), hit), tier
+
+    def put(self, stage: str, key: Any, value: Any) -> None:
+        self.cache.put(key, _to_cache(self._kind(stage), value))
 
 
 class Serving:
@@ -317,6 +385,7 @@ class Serving:
             pinned=dict(self.server.runtimes),
             nice=dict(self.server.nice),
             probe=self._probe,
+            features=_Features(self, self.cache) if self.cache is not None else None,
         ).start()
         if self._closing.is_set():  # closed while the engine was being built
             engine.close()
@@ -410,7 +479,7 @@ class Serving:
         """The public model id of a stage (its model_version without the ``@revision``)."""
         return stage.config.model_version.split("@", 1)[0]
 
-    # --- one call ------------------------------------------------------------------------
+    # --- requests ------------------------------------------------------------------------
 
     def _engine(self) -> Engine:
         engine = self.engine
@@ -427,64 +496,6 @@ class Serving:
                 code="authentication_required",
             )
 
-    async def _submit(
-        self,
-        engine: Engine,
-        stage: ServedStage,
-        payload: Any,
-        variant: str,
-        caller: Caller,
-        request_id: str | None,
-    ) -> tuple[Any, str, tuple[StepTrace, ...]]:
-        future = self._enqueue(engine, stage, payload, variant, caller, request_id)
-        return await self._outcome(stage, future)
-
-    def _enqueue(
-        self,
-        engine: Engine,
-        stage: ServedStage,
-        payload: Any,
-        variant: str,
-        caller: Caller,
-        request_id: str | None,
-    ) -> Future[EngineResult]:
-        """Queue one payload in the engine now, right after its admission (no await between
-        them: what admission counted is what is queued)."""
-        try:
-            return engine.submit_stage(
-                stage.engine_name,
-                payload,
-                qos_class=caller.qos_class,
-                principal=caller.principal,
-                variant=variant,
-                request_id=request_id,
-            )
-        except PermissionError as err:
-            raise APIError(403, f"stage {stage.name!r}: {err}", code="access_denied") from err
-
-    async def _outcome(
-        self,
-        stage: ServedStage,
-        future: Future[EngineResult],
-        on_cancel: Callable[[], None] | None = None,
-    ) -> tuple[Any, str, tuple[StepTrace, ...]]:
-        """The engine's answer for ``stage``: (value, device, how its steps ran); cancelling
-        cancels the request."""
-        try:
-            result = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.cancel()
-            if on_cancel is not None:
-                on_cancel()
-            raise
-        name = stage.engine_name
-        return result.outputs[name], result.devices[name], result.steps
-
-    def _mask(self, stage: ServedStage, caller: Caller, value: Any) -> Any:
-        if stage.sensitive and self.gate is not None:
-            return self.gate.mask(caller.principal, stage.name, value)
-        return value
-
     def _key(self, stage: ServedStage, variant: str, content: bytes) -> Any:
         return feature_key(
             content,
@@ -496,6 +507,131 @@ class Serving:
     def _cacheable(self, stage: ServedStage) -> bool:
         return self.cache is not None and stage.kind in CACHED_KINDS and not stage.sensitive
 
+    async def submit(
+        self,
+        name: str,
+        steps: Mapping[str, Step],
+        *,
+        caller: Caller,
+        request_id: str | None = None,
+    ) -> GraphAnswer:
+        """One request graph through the engine, submitted once: every step's stage on the
+        version chosen when the request starts (a request that failed on a canary runs again
+        on the version serving the stage), the answer's outputs masked by the engine for the
+        caller's role, how each step ran, and its spans in the request's trace."""
+        tickets = self._tickets(steps, caller)
+        try:
+            try:
+                return await self._await(self._start(name, steps, tickets, caller, request_id))
+            except Exception as err:
+                retry = _retried(tickets, err)
+                if retry is None:
+                    raise
+                tickets = retry
+                return await self._await(self._start(name, steps, tickets, caller, request_id))
+        finally:
+            for ticket in tickets.values():
+                ticket.close()
+
+    def _tickets(self, steps: Mapping[str, Step], caller: Caller) -> dict[str, Ticket]:
+        """The version of each stage the request runs on, one per stage."""
+        self._engine()
+        tickets: dict[str, Ticket] = {}
+        try:
+            for step in steps.values():
+                if step.stage.name not in tickets:
+                    self._admit(step.stage, caller)
+                    tickets[step.stage.name] = self.versions.pick(step.stage)
+        except BaseException:
+            for ticket in tickets.values():
+                ticket.close()
+            raise
+        return tickets
+
+    def _start(
+        self,
+        name: str,
+        steps: Mapping[str, Step],
+        tickets: Mapping[str, Ticket],
+        caller: Caller,
+        request_id: str | None,
+    ) -> Started:
+        """Build the request graph and submit it (admission included: what it counted is
+        what is queued)."""
+        engine = self._engine()
+        stages = {step: tickets[spec.stage.name].stage for step, spec in steps.items()}
+        nodes = {step: self._node(spec, stages[step]) for step, spec in steps.items()}
+        graph = RequestGraph(
+            name,
+            nodes,
+            qos_class=caller.qos_class,
+            principal=caller.principal,
+            request_id=request_id,
+        )
+        spans = {step: StageSpans(spec.stage.name) for step, spec in steps.items()}
+        began = time.monotonic()
+        try:
+            future = engine.submit_graph(graph)
+        except PermissionError as err:
+            raise APIError(403, f"{name}: {err}", code="access_denied") from err
+        return Started(future, began, time.monotonic(), stages, spans)
+
+    def _node(self, spec: Step, stage: ServedStage) -> GraphNode:
+        key = None
+        content = spec.content
+        if content is not None and self._cacheable(stage):
+            key = functools.partial(self._key, stage, content=content)
+        return GraphNode(
+            stage.engine_name,
+            spec.after,
+            payload=spec.payload,
+            compose=spec.compose,
+            profile=spec.profile,
+            items=spec.items,
+            cache_key=key,
+            answer=spec.answer,
+        )
+
+    async def _await(self, started: Started) -> GraphAnswer:
+        """The engine's answer; cancelling (a client that left) cancels the request."""
+        try:
+            result = await asyncio.wrap_future(started.future)
+        except asyncio.CancelledError:
+            started.future.cancel()
+            raise
+        return self._answer(started, result)
+
+    def _answer(
+        self, started: Started, result: EngineResult, streamed: set[str] | None = None
+    ) -> GraphAnswer:
+        """How each step ran, and its spans (a streamed step's are recorded when its stream
+        ends)."""
+        runs: dict[str, StageRun] = {}
+        for step, stage in started.stages.items():
+            variant = result.variants.get(step, "full")
+            reason = result.reasons.get(step, "")
+            tier = result.cached.get(step)
+            run = StageRun(
+                stage.name,
+                result.devices.get(step, "-"),
+                variant,
+                tier is not None,
+                reason,
+                stage.config.model_version,
+            )
+            runs[step] = run
+            spans = started.spans[step]
+            spans.admitted(variant, reason, started.admitted)
+            if self._cacheable(stage):
+                spans.cache_lookup(started.began, tier, started.admitted)
+            ran = [trace for trace in result.steps if trace.step == step]
+            spans.ran(ran)
+            if tier is not None:
+                self.metrics.cache_hits.labels(stage.name).inc()
+            if streamed is None or step not in streamed:
+                spans.done(run, ended=_ended(ran))
+        return GraphAnswer(result.outputs, runs)
+
     async def run(
         self,
         stage: ServedStage,
@@ -506,144 +642,50 @@ class Serving:
         profile: RequestProfile | None = None,
         content: bytes | None = None,
     ) -> tuple[Any, StageRun]:
-        """One item through one stage (admission, cache, engine, mask); ``request_id`` (the
-        HTTP request's) prefixes the engine's id, which access checks and the audit record.
-        It runs on the stage's version chosen when it starts (a failed canary request runs
-        again on the version serving the stage)."""
-        ticket = self.versions.pick(stage)
-        try:
-            try:
-                return await self._run(ticket.stage, payload, caller, request_id, profile, content)
-            except Exception as err:
-                retry = ticket.failed(err)
-                if retry is None:
-                    raise
-                ticket = retry
-                return await self._run(ticket.stage, payload, caller, request_id, profile, content)
-        finally:
-            ticket.close()
-
-    async def _run(
-        self,
-        stage: ServedStage,
-        payload: Any,
-        caller: Caller,
-        request_id: str | None,
-        profile: RequestProfile | None,
-        content: bytes | None,
-    ) -> tuple[Any, StageRun]:
-        engine = self._engine()
-        self._admit(stage, caller)
-        spans = StageSpans(stage.name)
-        variant, reason = engine.admit(
-            stage.engine_name,
-            caller.qos_class,
-            profile or RequestProfile(),
-            principal=caller.principal,
+        """One item through one stage: a one-step request graph."""
+        spec = Step(stage, payload, profile=profile, content=content)
+        answer = await self.submit(
+            stage.name, {stage.name: spec}, caller=caller, request_id=request_id
         )
-        spans.admitted(variant, reason)
-        key = None
-        if content is not None and self._cacheable(stage):
-            assert self.cache is not None
-            key = self._key(stage, variant, content)
-            looked = time.monotonic()
-            hit, tier = self.cache.lookup(key)
-            spans.cache_lookup(looked, tier)
-            if hit is not None:
-                self.metrics.cache_hits.labels(stage.name).inc()
-                run = StageRun(
-                    stage.name, "cache", variant, True, reason, stage.config.model_version
-                )
-                spans.done(run)
-                return self._mask(stage, caller, _from_cache(stage.kind, hit)), run
-            self.metrics.cache_misses.labels(stage.name).inc()
-        value, device, steps = await self._submit(
-            engine, stage, payload, variant, caller, request_id
-        )
-        spans.ran(steps)
-        if key is not None and self.cache is not None:
-            self.cache.put(key, _to_cache(stage.kind, value))
-        run = StageRun(stage.name, device, variant, False, reason, stage.config.model_version)
-        spans.done(run)
-        return self._mask(stage, caller, value), run
+        return answer.outputs[stage.name], answer.runs[stage.name]
 
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``; looked up in the cache together (one round trip
-        per tier), the misses in model calls of at most the stage's ``max_batch`` texts, one
-        after another: a large request holds the model one batch at a time (others' requests
-        run between its batches) and its memory stays that of one batch. Every part runs on
-        the version of the stage chosen when the request starts."""
-        ticket = self.versions.pick(self.stage_of_kind("text_embed"))
-        try:
-            try:
-                return await self._embed(ticket.stage, texts, caller, request_id)
-            except Exception as err:
-                retry = ticket.failed(err)
-                if retry is None:
-                    raise
-                ticket = retry
-                return await self._embed(ticket.stage, texts, caller, request_id)
-        finally:
-            ticket.close()
-
-    async def _embed(
-        self, stage: ServedStage, texts: Sequence[str], caller: Caller, request_id: str | None
-    ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        engine = self._engine()
-        self._admit(stage, caller)
-        profile = engine.plugins[stage.engine_name].profile(list(texts))
-        spans = StageSpans(stage.name)
-        variant, reason = engine.admit(
-            stage.engine_name,
-            caller.qos_class,
-            profile,
-            items=len(texts),
-            principal=caller.principal,
+        """Embeddings of ``texts`` ``[N, 384]``: one request graph with a step per text, each
+        looked up in the feature cache by the engine; the misses are batched by the
+        scheduler into model calls of at most the stage's ``max_batch`` texts, and others'
+        requests run between those batches."""
+        stage = self.stage_of_kind("text_embed")
+        plugin = stage.plugin
+        steps = {
+            f"{index}": Step(
+                stage,
+                [text],
+                profile=plugin.profile([text]),
+                content=text.encode(),
+                items=1,
+            )
+            for index, text in enumerate(texts)
+        }
+        answer = await self.submit(stage.name, steps, caller=caller, request_id=request_id)
+        vectors = np.stack(
+            [np.asarray(answer.outputs[step], dtype=np.float32).reshape(-1) for step in steps]
         )
-        spans.admitted(variant, reason)
-        vectors: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
-        keys: list[Any] = [None] * len(texts)
-        if self._cacheable(stage):
-            assert self.cache is not None
-            keys = [self._key(stage, variant, text.encode()) for text in texts]
-            for index, hit in enumerate(self.cache.get_many(keys)):
-                if hit is not None:
-                    vectors[index] = np.asarray(hit, dtype=np.float32)
-        missing = [i for i, v in enumerate(vectors) if v is None]
-        hits = len(texts) - len(missing)
-        if hits:
-            self.metrics.cache_hits.labels(stage.name).inc(hits)
-        device = "cache"
-        if missing:
-            if self._cacheable(stage):
-                self.metrics.cache_misses.labels(stage.name).inc(len(missing))
-            plugin = engine.plugins[stage.engine_name]
-            todo = [texts[i] for i in missing]
-            parts = plugin.split(todo, engine.max_batch(stage.engine_name, variant))
-            start = 0
-            for part in parts:
-                chunk = missing[start : start + len(part)]
-                start += len(part)
-                computed, device, steps = await self._submit(
-                    engine, stage, part, variant, caller, request_id
-                )
-                spans.ran(steps)
-                for row, index in enumerate(chunk):
-                    vectors[index] = computed[row]
-                    if keys[index] is not None and self.cache is not None:
-                        self.cache.put(keys[index], np.ascontiguousarray(computed[row]))
-            if len(parts) > 1:  # a large request: give its memory back to the OS
-                await asyncio.to_thread(release_free_memory)
-        stacked = np.stack([v for v in vectors if v is not None]).astype(np.float32)
-        run = StageRun(stage.name, device, variant, not missing, reason, stage.config.model_version)
-        spans.done(run, cache_hits=hits)
-        return stacked, run
+        runs = list(answer.runs.values())
+        ran = next((r for r in reversed(runs) if not r.cached), runs[-1])
+        if len(texts) > self.engine_max_batch(stage, ran.variant):  # large: free its memory
+            await asyncio.to_thread(release_free_memory)
+        cached = all(r.cached for r in runs)
+        return vectors, replace(ran, cached=cached)
+
+    def engine_max_batch(self, stage: ServedStage, variant: str) -> int:
+        """The most items one model call of ``stage`` takes."""
+        return self._engine().max_batch(stage.engine_name, variant)
 
     async def generate(
         self,
-        messages: Sequence[Mapping[str, str]],
+        messages: Sequence[Mapping[str, str]] | Callable[[Mapping[str, Any]], list[dict[str, str]]],
         *,
         caller: Caller,
         max_tokens: int,
@@ -652,52 +694,18 @@ class Serving:
         request_id: str | None = None,
         prompt_tokens: int = 0,
         stop: tuple[str, ...] = (),
+        before: Mapping[str, Step] | None = None,
     ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
-        """Start generating; returns (pieces as they come, the final summary, how it runs).
+        """Start a request graph that ends in generation: the steps ``before`` (images seen
+        by vision and OCR, say) run first, then ``messages`` (or what it builds from their
+        outputs) is generated from, streamed as pieces come.
 
-        The summary's ``device`` says where it ran (the returned run's device is where the stage
-        is resident when it starts). Closing the iterator early (a client that went away) stops
-        generation on its device. It runs on the stage's version chosen when it starts (a
-        failed canary generation is counted against the canary, not run again: it streamed).
+        Returns what to stream and the final summary; closing the stream early (a client that
+        went away) stops generation on its device. The summary's ``device`` says where it
+        ran. A failed canary generation is counted against the canary, not run again: it
+        streamed.
         """
-        ticket = self.versions.pick(self.stage_of_kind("llm_generate"))
-        try:
-            return self._generate(
-                ticket,
-                messages,
-                caller,
-                max_tokens,
-                temperature,
-                seed,
-                request_id,
-                prompt_tokens,
-                stop,
-            )
-        except BaseException:
-            ticket.close()
-            raise
-
-    def _generate(
-        self,
-        ticket: Ticket,
-        messages: Sequence[Mapping[str, str]],
-        caller: Caller,
-        max_tokens: int,
-        temperature: float,
-        seed: int | None,
-        request_id: str | None,
-        prompt_tokens: int,
-        stop: tuple[str, ...],
-    ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
-        stage = ticket.stage
-        engine = self._engine()
-        self._admit(stage, caller)
-        profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
-        spans = StageSpans(stage.name)
-        variant, reason = engine.admit(
-            stage.engine_name, caller.qos_class, profile, principal=caller.principal
-        )
-        spans.admitted(variant, reason)
+        stage = self.stage_of_kind("llm_generate")
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[str | None] = asyncio.Queue()
 
@@ -707,19 +715,41 @@ class Serving:
             except RuntimeError:  # the loop is gone: nobody is listening any more
                 job.stop.set()
 
-        job = Generation(
-            list(messages), max_tokens, temperature, seed, on_piece, stop_sequences=stop
-        )
+        job = Generation([], max_tokens, temperature, seed, on_piece, stop_sequences=stop)
+        upstream = dict(before or {})
+        if callable(messages):
+            build = messages
+
+            def compose(done: Mapping[str, Any]) -> Generation:
+                job.messages = build(done)
+                return job
+
+            llm = Step(stage, after=tuple(upstream), compose=compose)
+        else:
+            job.messages = list(messages)
+            llm = Step(stage, job)
+        llm.profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
+        for spec in upstream.values():
+            spec.answer = False
+        steps = {**upstream, LLM_STEP: llm}
+        tickets = self._tickets(steps, caller)
+        try:
+            started = self._start(stage.name, steps, tickets, caller, request_id)
+        except BaseException:
+            for ticket in tickets.values():
+                ticket.close()
+            raise
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
-        queued = self._enqueue(engine, stage, job, variant, caller, request_id)  # may shed
-        task = asyncio.ensure_future(self._outcome(stage, queued, on_cancel=job.stop.set))
+        task = asyncio.ensure_future(asyncio.wrap_future(started.future))
+        answered: list[GraphAnswer] = []
 
-        def finished(done: asyncio.Future[tuple[Any, str, tuple[StepTrace, ...]]]) -> None:
+        def finished(done: asyncio.Future[EngineResult]) -> None:
             pieces.put_nowait(None)
             error = None if done.cancelled() else done.exception()
-            retry = ticket.failed(error) if error is not None else None
-            (retry or ticket).close()
+            for ticket in tickets.values():
+                retry = ticket.failed(error) if error is not None else None
+                (retry or ticket).close()
             if summary.done():
                 return
             if done.cancelled():
@@ -727,20 +757,23 @@ class Serving:
             elif error is not None:
                 summary.set_exception(error)
             else:
-                value, device, steps = done.result()
-                spans.ran(steps)
-                summary.set_result({**value, "device": device})
+                result = done.result()
+                answer = self._answer(started, result, streamed={LLM_STEP})
+                answered.append(answer)
+                device = answer.runs[LLM_STEP].device
+                summary.set_result({**result.outputs[LLM_STEP], "device": device, "graph": answer})
 
         task.add_done_callback(finished)
         run = StageRun(
             stage.name,
             self.placed_on(stage.name),
-            variant,
+            "full",
             False,
-            reason,
+            "",
             stage.config.model_version,
         )
-        return _stream(pieces, task, job, self.metrics, began, spans, run), summary, run
+        stream = _stream(pieces, task, started, job, self.metrics, began, run, answered)
+        return stream, summary, run
 
     # --- reporting -----------------------------------------------------------------------
 
@@ -777,11 +810,12 @@ class Serving:
 async def _stream(
     pieces: asyncio.Queue[str | None],
     task: asyncio.Future[Any],
+    started: Started,
     job: Generation,
     metrics: Metrics,
     began: float,
-    spans: StageSpans,
     run: StageRun,
+    answered: list[GraphAnswer],
 ) -> AsyncIterator[str]:
     """A generation's pieces as they come; closing it early stops the generation."""
     first_at: float | None = None
@@ -800,8 +834,28 @@ async def _stream(
         if not task.done():
             job.stop.set()
             task.cancel()
+            started.future.cancel()
+        spans = started.spans[LLM_STEP]
         spans.streamed(began, first_at, tokens)
-        spans.done(run)
+        spans.done(answered[0].runs[LLM_STEP] if answered else run)
+
+
+def _retried(tickets: Mapping[str, Ticket], error: BaseException) -> dict[str, Ticket] | None:
+    """The tickets to answer a request again with, when it failed on a canary."""
+    out = dict(tickets)
+    again = False
+    for name, ticket in tickets.items():
+        retry = ticket.failed(error)
+        if retry is not None:
+            out[name] = retry
+            again = True
+    return out if again else None
+
+
+def _ended(ran: Sequence[StepTrace]) -> float | None:
+    """When the last of a step's runs ended (None: nothing ran, the cache answered)."""
+    ends = [t.started_at + t.load_s + t.run_s for t in ran]
+    return max(ends) if ends else None
 
 
 def _placements(metrics: Metrics, stage: str) -> dict[str, int]:

@@ -64,8 +64,9 @@ class StageSpans:
         self.spans: list[Span] = []
         self.devices: list[str] = []
 
-    def admitted(self, variant: str, reason: str) -> None:
-        """Admission chose ``variant`` (``reason``: why it degraded, if it did)."""
+    def admitted(self, variant: str, reason: str, ended: float | None = None) -> None:
+        """Admission chose ``variant`` (``reason``: why it degraded, if it did), by
+        ``ended`` (now by default)."""
         if self.trace.recording:
             attributes: dict[str, AttributeValue] = {
                 "hetero.variant": variant,
@@ -73,16 +74,19 @@ class StageSpans:
             }
             if reason:
                 attributes["hetero.degraded_because"] = reason
-            self.spans.append(Span("admission", self.began, time.monotonic(), attributes))
+            end = time.monotonic() if ended is None else ended
+            self.spans.append(Span("admission", self.began, end, attributes))
 
-    def cache_lookup(self, began: float, tier: str | None) -> None:
-        """The feature cache was asked from ``began``; ``tier`` had it (None: a miss)."""
+    def cache_lookup(self, began: float, tier: str | None, ended: float | None = None) -> None:
+        """The feature cache was asked from ``began`` to ``ended`` (now by default); ``tier``
+        had it (None: a miss)."""
         if self.trace.recording:
             attributes: dict[str, AttributeValue] = {
                 "hetero.cache.hit": tier is not None,
                 "hetero.cache.tier": tier or "",
             }
-            self.spans.append(Span("cache_lookup", began, time.monotonic(), attributes))
+            end = time.monotonic() if ended is None else ended
+            self.spans.append(Span("cache_lookup", began, end, attributes))
 
     def ran(self, steps: Iterable[StepTrace]) -> None:
         """The engine ran ``steps``."""
@@ -99,8 +103,9 @@ class StageSpans:
                 attributes["hetero.time_to_first_token_s"] = first_at - began
             self.spans.append(Span("stream", began, time.monotonic(), attributes))
 
-    def done(self, run: StageRun, cache_hits: int = 0) -> None:
-        """Record the stage's span, with everything collected under it."""
+    def done(self, run: StageRun, cache_hits: int = 0, ended: float | None = None) -> None:
+        """Record the stage's span, with everything collected under it, ending at ``ended``
+        (the end of its last child, or now)."""
         if not self.trace.recording:
             return
         attributes: dict[str, AttributeValue] = {
@@ -111,5 +116,7 @@ class StageSpans:
         }
         if cache_hits:
             attributes["hetero.cache.hits"] = cache_hits
-        stage = Span(f"stage {self.stage}", self.began, time.monotonic(), attributes)
+        ends = [span.end_s for span in self.spans] + ([ended] if ended is not None else [])
+        end = max(ends) if ends else time.monotonic()
+        stage = Span(f"stage {self.stage}", self.began, end, attributes)
         self.trace.record(stage, self.spans)
