@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from hetero.backends.rocm import amdsmi_probe, translate
 from hetero.framework.devices import DeviceSpec, Telemetry
-from hetero.framework.executors.gpu_backend import GpuBackend, device_index
+from hetero.framework.gpu_backend import GpuBackend, device_index
 
 __all__ = ["RocmBackend"]
 
