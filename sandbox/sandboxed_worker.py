@@ -5,6 +5,8 @@ Python runtime bound read-only, the partition at ``/data``, a private socket dir
 for the worker's socket, then for each request unwraps the object's data key (in the HSM when
 the key provider is PKCS#11) and sends only that key and the object id. A worker that dies
 mid-request is reported with what killed it, restarted, and the object stays intact on disk.
+Once started, the worker holds a lifeline connection from this process: when this process ends,
+however it ends, the kernel closes it and the worker (the sandbox's init) exits.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class SandboxedWorker:
         self.extra_env = extra_env
         self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
+        self._lifeline: socket.socket | None = None
         self._lock = threading.Lock()
         self._generation = 0
 
@@ -197,6 +200,7 @@ class SandboxedWorker:
             if self.socket_path.exists():
                 try:
                     self._call({"op": "ping"}, timeout_s=10.0)
+                    self._lifeline = self._open_lifeline()
                     return
                 except (OSError, WireError):
                     pass
@@ -206,6 +210,23 @@ class SandboxedWorker:
             f"the sandbox for partition {self.partition} did not answer within "
             f"{START_TIMEOUT_S:g} s: {self._log_tail()}"
         )
+
+    def _open_lifeline(self) -> socket.socket:
+        """The connection the worker exits on when it closes (kept open until :meth:`stop`;
+        not inherited by child processes, so only this process's end keeps it open)."""
+        connection = socket.socket(socket.AF_UNIX)
+        try:
+            connection.settimeout(10.0)
+            connection.connect(str(self.socket_path))
+            send(connection, {"op": "lifeline"})
+            answer = receive(connection)
+        except (OSError, WireError):
+            connection.close()
+            raise
+        if not answer.get("ok"):
+            connection.close()
+            raise SandboxRunError(f"the worker for partition {self.partition} took no lifeline")
+        return connection
 
     def _log_tail(self) -> str:
         try:
@@ -278,6 +299,9 @@ class SandboxedWorker:
             self._stop_locked()
 
     def _stop_locked(self) -> None:
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
         self.runtime.stop(self.sandbox_id)
         if self._process is not None:
             end_process(self._process, terminate=False)

@@ -28,6 +28,7 @@ from hetero.sandbox.device import register_sandbox_devices, sandbox_device
 from hetero.sandbox.gate import ComplianceGate
 from hetero.sandbox.keys import open_key
 from hetero.sandbox.partition_store import PartitionStore
+from hetero.sandbox.reaping import reap_leftovers
 from hetero.sandbox.runtimes import SandboxRuntime
 from hetero.sandbox.sandboxed_worker import SandboxedWorker, WorkerLimits
 from hetero.sandbox.selection import build_runtimes, choose_runtime
@@ -74,6 +75,8 @@ class SandboxedStages:
         self.model_cache.mkdir(parents=True, exist_ok=True)
         names = sorted(policy.spec.partitions)
         self._uids = {name: FIRST_HOST_UID + UID_RANGE * i for i, name in enumerate(names)}
+        # sandboxes a killed server left would run beside the ones this server starts
+        reap_leftovers(self.runtimes, gate.audit, names)
 
     def register_devices(self, registry: Registry) -> None:
         """Make every partition's sandbox a device of ``registry`` (this process only)."""

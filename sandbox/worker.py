@@ -6,6 +6,10 @@ orchestrator unwrapped for that object alone, runs its handler on the plaintext 
 the handler's result. Plaintext exists only in this process's memory; nothing is logged but
 object ids and sizes.
 
+The orchestrator holds one connection open for the worker's life (the ``lifeline`` op): when it
+closes, however the orchestrator ended (``kill -KILL`` included, where no handler runs), the
+worker exits, and with it the sandbox. A sandbox never outlives the server that started it.
+
 Handlers: ``digest`` (SHA-256 and length of the plaintext: used to prove where decryption
 happens) and ``stage:NAME`` (a registered model stage: OCR text for images, a transcript for
 audio).
@@ -19,6 +23,7 @@ import hashlib
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,8 +130,21 @@ def _answer_safely(
         return {"ok": False, "error": f"{object_id}: {type(err).__name__}: {err}"}
 
 
+def _watch_lifeline(connection: socket.socket, partition: str) -> None:
+    """Block until the orchestrator's end of the lifeline closes, then end this process (the
+    sandbox's init): nothing is left running for a server that is gone."""
+    try:
+        while connection.recv(64):
+            pass
+    except OSError:
+        pass
+    print(f"worker for {partition}: the orchestrator is gone, exiting", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
 def serve(socket_path: Path, data_dir: Path, partition: str, handle: Handler) -> None:
-    """Answer requests on ``socket_path`` one connection at a time, forever."""
+    """Answer requests on ``socket_path`` one connection at a time, until the lifeline (if the
+    orchestrator opened one) closes."""
     socket_path.unlink(missing_ok=True)
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(socket_path))
@@ -137,6 +155,15 @@ def serve(socket_path: Path, data_dir: Path, partition: str, handle: Handler) ->
             with connection:
                 try:
                     request = receive(connection)
+                    if request.get("op") == "lifeline":
+                        send(connection, {"ok": True})
+                        threading.Thread(
+                            target=_watch_lifeline,
+                            args=(connection.dup(), partition),
+                            name="lifeline",
+                            daemon=True,
+                        ).start()
+                        continue
                     send(connection, _answer_safely(request, data_dir, partition, handle))
                 except (WireError, OSError) as err:
                     print(f"dropped a connection: {err}", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,9 +164,28 @@ class SandboxRuntime(abc.ABC):
     def start(self, spec: SandboxSpec, log_path: Path) -> subprocess.Popen[bytes]:
         """Start ``spec`` as a long-lived sandbox; its output goes to ``log_path``."""
 
+    def leftovers(self) -> list[str]:
+        """The ids of hetero's sandboxes this runtime's state still lists (running or not);
+        empty for a runtime that keeps no state between processes."""
+        return []
+
     @abc.abstractmethod
     def stop(self, sandbox_id: str) -> None:
         """Kill and remove a sandbox started with :meth:`start` (no error if already gone)."""
+
+
+def listed_ids(command: list[str]) -> list[str]:
+    """The ``hetero-`` container ids a runc-style ``list --format json`` prints (``null`` when
+    there are none); empty when the command fails (no state yet)."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return []
+    try:
+        entries = json.loads(result.stdout or "null") or []
+    except json.JSONDecodeError:
+        return []
+    ids = (entry.get("id") for entry in entries if isinstance(entry, dict))
+    return sorted(i for i in ids if isinstance(i, str) and i.startswith("hetero-"))
 
 
 def completed(result: subprocess.CompletedProcess[str], oom_killed: bool = False) -> RunOutcome:

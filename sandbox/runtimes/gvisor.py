@@ -21,6 +21,7 @@ from hetero.sandbox.runtimes.base import (
     RunOutcome,
     SandboxRuntime,
     completed,
+    listed_ids,
 )
 
 __all__ = ["GvisorRuntime"]
@@ -87,6 +88,11 @@ class GvisorRuntime(SandboxRuntime):
         # with a file, runsc may drop the sandbox's own output; the worker runs regardless.)
         command = [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id]
         return self._start_logged(command, log_path)
+
+    def leftovers(self) -> list[str]:
+        if not (self.state_dir / "state").is_dir():  # listing would create it, 0700
+            return []
+        return listed_ids([*self._command(), "list", "--format", "json"])
 
     def stop(self, sandbox_id: str) -> None:
         subprocess.run(

@@ -12,6 +12,7 @@ from hetero.sandbox.runtimes.base import (
     IsolationLevel,
     RunOutcome,
     SandboxRuntime,
+    listed_ids,
 )
 from hetero.sandbox.runtimes.cgroups import oom_kills
 
@@ -56,6 +57,11 @@ class RuncRuntime(SandboxRuntime):
         return self._start_logged(
             [*self._command(), "run", "--bundle", str(bundle), spec.sandbox_id], log_path
         )
+
+    def leftovers(self) -> list[str]:
+        if not (self.state_dir / "state").is_dir():  # listing would create it, 0700
+            return []
+        return listed_ids([*self._command(), "list", "--format", "json"])
 
     def stop(self, sandbox_id: str) -> None:
         subprocess.run(
