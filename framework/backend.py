@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import itertools
 import logging
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from hetero.framework.errors import (
     UnknownDeviceError,
     UnsupportedCapabilityError,
 )
+from hetero.framework.faults import describe
 from hetero.framework.graph import ComputeGraph, GraphFormat
 
 __all__ = ["Backend", "Executable", "LatencyStats", "LoadedModel", "RunResult", "batch_size"]
@@ -170,7 +170,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            reason = f"telemetry failed: {_describe(err)}"
+            reason = f"telemetry failed: {describe(err)}"
             self.mark_unhealthy(device_id, reason)
             raise DeviceUnhealthyError(device_id, reason) from err
 
@@ -203,7 +203,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            raise CompileError(device_id, graph.name, _describe(err)) from err
+            raise CompileError(device_id, graph.name, describe(err)) from err
         return Executable(graph=graph, device_id=device_id, native=native)
 
     def load(self, executable: Executable) -> LoadedModel:
@@ -215,7 +215,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            raise CompileError(device_id, executable.graph.name, _describe(err)) from err
+            raise CompileError(device_id, executable.graph.name, describe(err)) from err
         model = LoadedModel(
             graph=executable.graph, device_id=device_id, memory_bytes=memory_bytes, native=native
         )
@@ -248,7 +248,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            raise ExecutionError(model.device_id, model.graph.name, _describe(err)) from err
+            raise ExecutionError(model.device_id, model.graph.name, describe(err)) from err
         elapsed = time.perf_counter() - started
         modelled = self._modelled_seconds(model, inputs)
         if modelled is not None:
@@ -291,7 +291,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            raise TransferError(src, dst, _describe(err)) from err
+            raise TransferError(src, dst, describe(err)) from err
 
     def capture(self, model: LoadedModel, example_inputs: Arrays) -> LoadedModel:
         """Capture a static-shape graph for replay; only where ``supports_graph_capture``."""
@@ -302,7 +302,7 @@ class Backend(abc.ABC):
         except HeteroError:
             raise
         except Exception as err:
-            raise ExecutionError(model.device_id, model.graph.name, _describe(err)) from err
+            raise ExecutionError(model.device_id, model.graph.name, describe(err)) from err
 
     def model_host(self, device: DeviceSpec) -> Any:
         """Where ``device``'s models are held and its stages' batches run, when that is not
@@ -384,19 +384,3 @@ def batch_size(inputs: Arrays) -> int:
         if shape:
             return int(shape[0])
     return 1
-
-
-_LOCATOR = re.compile(r"^(Exception from )?\S+\.(cpp|cc|h|hpp):\d+:?$")
-DESCRIBE_LIMIT = 2000
-
-
-def _describe(err: BaseException) -> str:
-    """The error's type and message on one line: every line of it, without the bare source
-    locators runtimes put first (OpenVINO's ``Exception from src/.../core.cpp:84:``, which
-    alone says nothing of the cause), at most 2,000 characters."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    causes = [line for line in lines if not _LOCATOR.match(line)] or lines
-    text = " | ".join(causes)
-    if len(text) > DESCRIBE_LIMIT:
-        text = text[: DESCRIBE_LIMIT - 3] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from hetero.framework.errors import BackendError
+from hetero.framework.errors import BackendError, DeviceError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
@@ -59,7 +59,9 @@ class GraphRunner(Protocol):
 
     def native(self, graph: str) -> Any:
         """The device-native handle of graph ``graph`` (a torch module on its device, an ONNX
-        Runtime session), for a loop the stage drives itself."""
+        Runtime session, a :class:`~hetero.framework.text_engine.TextEngine`), for a loop the
+        stage drives itself; the loop's runtime calls go inside
+        :func:`hetero.framework.faults.native_faults`, so a device fault is one."""
         ...
 
 
@@ -148,13 +150,15 @@ class StagePlugin(abc.ABC):
 
 def each(function: Callable[[Any], Any], payloads: Sequence[Any]) -> list[Any]:
     """``function`` over each payload; an item that raises gets its exception as its result
-    (bad input fails its item, not its batch). A backend's error (the device failed, not the
-    input) is raised: the engine retries the batch on another device."""
+    (bad input fails its item, not its batch). A backend's or device's error (the device
+    failed, not the input) is raised: the engine retries the batch on another device and the
+    (stage, device) breaker counts it. A loop over a native handle names the runtime's own
+    exceptions first, with :func:`hetero.framework.faults.native_faults`."""
     results: list[Any] = []
     for payload in payloads:
         try:
             results.append(function(payload))
-        except BackendError:
+        except (BackendError, DeviceError):
             raise
         except Exception as err:
             results.append(err)

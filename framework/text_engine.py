@@ -81,4 +81,11 @@ class TextEngine(abc.ABC):
         stop: threading.Event,
     ) -> GenerationOutcome:
         """Generate for one prompt, calling ``on_text`` with each new piece of text (on the
-        calling thread) until it finishes or ``stop`` is set; blocks until then."""
+        calling thread) until it finishes or ``stop`` is set; blocks until then.
+
+        Raises:
+            BackendError: The engine or its device failed (out of memory, an engine process
+                that died): :func:`hetero.framework.faults.classify_fault` names what the
+                runtime raised, so the request is retried on another device.
+            InvalidInputError: The engine refused the prompt (longer than its context).
+        """

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from hetero.framework.faults import native_faults
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.samples import speech_like_wav
@@ -149,13 +150,14 @@ class SpeechRecognizer(ModelStage):
 
         head = runner.native("decoder")
         device = runner.torch_device or "cpu"
-        encoded = torch.from_numpy(hidden).to(device)
         decoder = head.decoder
         tokens = [_SOT, _NO_TIMESTAMPS]
-        step_input = torch.tensor([tokens], device=device)
-        past = None
         generated: list[int] = []
-        with torch.inference_mode():
+        # what torch raises is classified: a CUDA out-of-memory is the device's fault
+        with native_faults(runner.device_id, "decoder"), torch.inference_mode():
+            encoded = torch.from_numpy(hidden).to(device)
+            step_input = torch.tensor([tokens], device=device)
+            past = None
             for _ in range(MAX_TOKENS):
                 out = decoder(
                     input_ids=step_input,

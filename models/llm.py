@@ -24,6 +24,7 @@ from typing import Any
 
 from hetero.framework.envs import vllm_kv_cache_bytes
 from hetero.framework.errors import InvalidInputError
+from hetero.framework.faults import native_faults
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.request_profile import RequestProfile
 from hetero.framework.stage_plugin import Generation, GraphRunner, each
@@ -265,12 +266,27 @@ class TextGenerator(ModelStage):
         temperature: float,
         seed: int | None,
     ) -> Generator[str, None, None]:
+        """Decode on the runner's native torch module; what torch raises there is classified
+        (a CUDA out-of-memory is the device's fault: the engine retries elsewhere)."""
+        model = runner.native("decoder")
+        device = runner.torch_device or "cpu"
+        with native_faults(runner.device_id, "decoder"):
+            yield from self._decode_steps(model, device, prompt, max_tokens, temperature, seed)
+
+    def _decode_steps(
+        self,
+        model: Any,
+        device: str,
+        prompt: list[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+    ) -> Generator[str, None, None]:
+        """One token a step with a KV cache, each piece of new text yielded as it is made."""
         import torch
 
         from hetero.models.hf import cache_of, with_cache
 
-        model = runner.native("decoder")
-        device = runner.torch_device or "cpu"
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         step_input = torch.tensor([prompt], device=device)
         cache = None

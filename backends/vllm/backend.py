@@ -40,9 +40,11 @@ MIRRORED = {"cpu": ("npu", ("npu:torch/cpu",)), "cuda": ("cuda", None)}
 DTYPES = {"cpu": "bfloat16", "cuda": "float16"}
 
 
-def engine_settings(graph: ComputeGraph, platform: str, max_num_seqs: int) -> Any:
-    """The :class:`EngineSettings` of a ``vllm`` graph: its source is the model folder; its
-    metadata may set ``kv_cache_bytes`` and ``max_model_len``."""
+def engine_settings(
+    graph: ComputeGraph, platform: str, max_num_seqs: int, device_id: str = "vllm"
+) -> Any:
+    """The :class:`EngineSettings` of a ``vllm`` graph on ``device_id``: its source is the
+    model folder; its metadata may set ``kv_cache_bytes`` and ``max_model_len``."""
     from hetero.framework.executors.vllm_executor import EngineSettings
 
     model_dir = Path(str(graph.source))
@@ -55,6 +57,8 @@ def engine_settings(graph: ComputeGraph, platform: str, max_num_seqs: int) -> An
         max_model_len=int(meta.get("max_model_len", 2048)),
         max_num_seqs=max_num_seqs,
         kv_cache_bytes=int(meta.get("kv_cache_bytes", envs.vllm_kv_cache_bytes())),
+        device_id=device_id,
+        graph=graph.name,
     )
 
 
@@ -121,7 +125,7 @@ class VllmBackend(Backend):
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
         if graph.format is not GraphFormat.VLLM:
             raise ValueError(f"graph format {graph.format.value!r} is not supported (vllm only)")
-        return engine_settings(graph, self.platform, self.max_num_seqs)
+        return engine_settings(graph, self.platform, self.max_num_seqs, device_id)
 
     def _load(self, executable: Executable) -> tuple[Any, int]:
         from hetero.framework.executors.vllm_executor import VllmEngine

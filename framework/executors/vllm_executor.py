@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hetero.framework.faults import raise_classified
 from hetero.framework.text_engine import GenerationOutcome, SamplingSpec, TextEngine
 
 __all__ = ["EngineSettings", "StepStats", "VllmEngine"]
@@ -47,6 +48,8 @@ class EngineSettings:
         max_num_seqs: Most sequences vLLM schedules in one step: the device's run slots.
         kv_cache_bytes: Memory vLLM gives its KV cache.
         prefix_caching: Reuse the KV cache of a prompt prefix seen before.
+        device_id: The hetero device it runs on (``vllm:cuda:0``), named in its errors.
+        graph: The graph it serves, named in its errors.
     """
 
     model_dir: Path
@@ -55,6 +58,8 @@ class EngineSettings:
     max_num_seqs: int = 8
     kv_cache_bytes: int = 1 << 30
     prefix_caching: bool = True
+    device_id: str = "vllm"
+    graph: str = "decoder"
 
 
 @dataclass(slots=True)
@@ -167,7 +172,10 @@ class VllmEngine(TextEngine):
         on_text: Callable[[str], None],
         stop: threading.Event,
     ) -> GenerationOutcome:
-        """One request to vLLM; text pieces go to ``on_text`` on this thread as they come."""
+        """One request to vLLM; text pieces go to ``on_text`` on this thread as they come.
+        What vLLM raises is classified (:func:`~hetero.framework.faults.classify_fault`): an
+        engine that died or failed the request is an ``ExecutionError``, a prompt it refuses
+        an ``InvalidInputError``."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -210,7 +218,7 @@ class VllmEngine(TextEngine):
                     break
                 if kind == "error":
                     ended = True
-                    raise value
+                    raise_classified(value, self.settings.device_id, self.settings.graph)
                 if kind == "output":
                     cached = int(value.num_cached_tokens or 0)
                     for completion in value.outputs:

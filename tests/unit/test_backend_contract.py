@@ -107,7 +107,7 @@ def test_vendor_errors_are_translated_with_context(flaky: FlakyBackend) -> None:
     model = flaky.load(flaky.compile(GRAPH, "flaky:1"))
     with pytest.raises(ExecutionError) as ran:
         flaky.run(model, {"x": np.zeros(1)})
-    # every line of the vendor's message, on one line (framework.backend._describe)
+    # every line of the vendor's message, on one line (framework.faults.describe)
     expected = "running 'g' on flaky:1: VendorError: kernel fault | second line of noise"
     assert str(ran.value) == expected
     assert isinstance(ran.value, RuntimeError)
