@@ -4,10 +4,15 @@ It proves entry point discovery end to end (as vLLM's ``vllm_add_dummy_platform`
 the conformance suite's second subject. Its two "devices" are named as fakes: they execute ONNX
 graphs with ``onnx.reference.ReferenceEvaluator`` (the ONNX reference implementation, pure
 Python) in host memory, which is a real, independent executor for comparing against ONNX Runtime.
+A graph's native handle (:class:`DummyNative`) runs it one step at a time, for a loop a stage
+drives itself; a test may make one of those steps raise a device fault (:class:`NativeFault`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,9 +23,59 @@ from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind, Te
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.registry import Detection
 
-__all__ = ["DummyBackend", "detect"]
+__all__ = ["DummyBackend", "DummyNative", "NativeFault", "detect"]
 
 DEVICE_MEMORY = 1 << 30
+
+
+@dataclass(eq=False)
+class NativeFault:
+    """A fault injected into the dummy devices' native handles: the ``at_step``-th step run
+    through any of them (counted over both devices) raises ``error``, once, as a device that
+    fails mid-decode does. ``fired_on`` names the device it was raised on."""
+
+    error: Exception
+    at_step: int = 1
+    steps: int = 0
+    fired_on: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def step(self, device_id: str) -> None:
+        """Count one step on ``device_id``; raise ``error`` if it is the chosen one."""
+        with self._lock:
+            self.steps += 1
+            if self.steps != self.at_step:
+                return
+            self.fired_on.append(device_id)
+        raise self.error
+
+
+class DummyNative:
+    """The native handle of a graph loaded on a dummy device: one :meth:`run` is one step of
+    a loop the stage drives itself (a decoder's), on the reference evaluator."""
+
+    def __init__(self, evaluator: Any, device_id: str) -> None:
+        self.evaluator = evaluator
+        self.device_id = device_id
+
+    def run(self, feeds: Mapping[str, np.ndarray[Any, Any]]) -> list[np.ndarray[Any, Any]]:
+        """The graph's outputs, in order, for ``feeds``.
+
+        Raises:
+            ValueError: A feed's shape is not the one the graph declares (as ONNX Runtime's
+                ``InvalidArgument``: "Got invalid dimensions for input").
+        """
+        fault = DummyBackend.native_fault
+        if fault is not None:
+            fault.step(self.device_id)
+        for name, kind in zip(self.evaluator.input_names, self.evaluator.input_types, strict=True):
+            declared = [d.dim_value or None for d in kind.tensor_type.shape.dim]
+            got = list(np.shape(feeds[name]))
+            if len(got) != len(declared) or any(
+                want is not None and want != have for want, have in zip(declared, got, strict=True)
+            ):
+                raise ValueError(f"invalid dimensions for input {name}: {got}, expected {declared}")
+        return [np.asarray(value) for value in self.evaluator.run(None, dict(feeds))]
 
 
 class DummyBackend(Backend):
@@ -28,13 +83,14 @@ class DummyBackend(Backend):
 
     Tests may set, before discovery, ``peak_flops`` (a figure that makes the cost model prefer
     these devices) and, at any time, ``failing`` (every run raises, as a device that fails
-    mid-load does).
+    mid-load does) or ``native_fault`` (one step through a native handle raises).
     """
 
     name: ClassVar[str] = "dummy"
     visible_devices_env_var: ClassVar[str | None] = "DUMMY_VISIBLE_DEVICES"
     peak_flops: ClassVar[float] = 1e9
     failing: ClassVar[bool] = False
+    native_fault: ClassVar[NativeFault | None] = None
 
     def _discover(self) -> list[DeviceSpec]:
         ids = ("dummy:0", "dummy:1")
@@ -84,6 +140,9 @@ class DummyBackend(Backend):
 
     def _unload(self, model: LoadedModel) -> None:
         model.native = None
+
+    def _native(self, model: LoadedModel) -> DummyNative:
+        return DummyNative(model.native, model.device_id)
 
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
         if self.failing:
