@@ -19,6 +19,7 @@ from hetero.framework import envs
 from hetero.framework.cli.audit import run_audit_verify
 from hetero.framework.cli.bundle import add_bundle_parser, run_bundle
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
+from hetero.framework.cli.deploy import add_deploy_parser, run_deploy
 from hetero.framework.cli.sandbox import run_sandbox_check, run_sandbox_erase, run_sandbox_expire
 from hetero.framework.cli.serve import add_server_parsers, run_server_command
 from hetero.framework.cli.simulate import run_simulate
@@ -184,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_expire.add_argument("--policy", required=True, help="policy file")
     add_server_parsers(commands)
     add_bundle_parser(commands)
+    add_deploy_parser(commands)
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.command == "bundle":
             return run_bundle(out, err, args)
+        if args.command == "deploy":
+            return run_deploy(out, err, registry, args)
         if args.command == "keys":
             from hetero.framework.cli.keys import run_keys_hash
 
