@@ -115,6 +115,9 @@ $(RAY_VENV)/.installed: pyproject.toml setup.py tools/model-packages.txt
 	rm -rf build *.egg-info
 	touch $@
 
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps these one-machine clusters (ray.cluster_utils, no
+# `ray start`) on 127.0.0.1. It is Ray's multi-node switch: never set it on real nodes, where it
+# makes a worker's `ray start --address` abort (docs/cluster.md, "Run on a cluster").
 test-ray: deps-test $(RAY_VENV)/.installed
 	RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 \
 	RAY_TMPDIR=$$(mktemp -d) $(RAY_VENV)/bin/pytest -q tests/ray
