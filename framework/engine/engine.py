@@ -694,6 +694,7 @@ class Engine:
             principal=principal,
             variants=variants,
             reasons=reasons,
+            step_units={step: self._units(node.profile) for step, node in nodes.items()},
             payloads={s: n.payload for s, n in nodes.items() if n.compose is None},
             composers={s: n.compose for s, n in nodes.items() if n.compose is not None},
             answer=tuple(step for step in pipeline.order if nodes[step].answer),
@@ -1013,7 +1014,7 @@ class Engine:
                     deadline=state.deadline,
                     inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
                     items=plugin.items(inputs) if plugin is not None else 1,
-                    units=state.units,
+                    units=state.step_units.get(step, state.units),
                     enqueued_at=now,
                 )
                 self.scheduler.enqueue(task)

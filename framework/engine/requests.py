@@ -73,6 +73,7 @@ class RequestState:
     principal: Any = None
     variants: dict[str, str] = field(default_factory=dict)  # by step; else ``variant``
     reasons: dict[str, str] = field(default_factory=dict)  # why a step was degraded
+    step_units: dict[str, float] = field(default_factory=dict)  # by step; else ``units``
     payloads: dict[str, Any] = field(default_factory=dict)  # by step, known or composed
     composers: dict[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
     keys: dict[str, Any] = field(default_factory=dict)  # feature-cache key by step, for fills

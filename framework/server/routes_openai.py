@@ -86,11 +86,11 @@ async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
 
 
 def _chat_messages(
-    rt: Serving, body: ChatRequest
+    rt: Serving, body: ChatRequest, stage: ServedStage, counted: dict[str, int]
 ) -> tuple[dict[str, Step], Callable[[Mapping[str, Any]], list[dict[str, str]]]]:
     """The steps that look at the request's images (vision and OCR of each, read once), and
     how the LLM's messages are built once they are done (each image replaced by what they
-    saw)."""
+    saw), their tokens counted once into ``counted["prompt_tokens"]``."""
     turns: list[tuple[str, list[str | tuple[str]]]] = []  # a part: text, or (image prefix,)
     steps: dict[str, Step] = {}
     images = 0
@@ -141,9 +141,31 @@ def _chat_messages(
                 entry["role"] = "system"
             elif entry["role"] == "tool":
                 entry["role"] = "user"
+        counted["prompt_tokens"] = _prompt_tokens(stage, rt.limits.max_input_tokens, messages)
         return messages
 
     return steps, build
+
+
+def _prompt_tokens(stage: ServedStage, limit: int, messages: list[dict[str, str]]) -> int:
+    """The prompt's tokens, counted once; 400 when over ``limit``."""
+    characters = sum(len(str(m.get("content", ""))) for m in messages)
+    if characters > CHARS_PER_TOKEN_BOUND * limit:
+        raise APIError(  # certainly over the limit: refuse before tokenizing
+            400,
+            f"messages: {characters} characters is over the limit of {limit} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    tokens = int(stage.plugin.chat_prompt_tokens(messages))
+    if tokens > limit:
+        raise APIError(
+            400,
+            f"messages: the prompt has {tokens} tokens, over the limit of {limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    return tokens
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
@@ -162,71 +184,24 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
             code="invalid_value",
         )
     request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-    images, build = _chat_messages(rt, body)
     counted: dict[str, int] = {}
-
-    def prompt_tokens_of(messages: list[dict[str, str]]) -> int:
-        characters = sum(len(str(m.get("content", ""))) for m in messages)
-        if characters > CHARS_PER_TOKEN_BOUND * limits.max_input_tokens:
-            raise APIError(  # certainly over the limit: refuse before tokenizing
-                400,
-                f"messages: {characters} characters is over the limit of "
-                f"{limits.max_input_tokens} tokens",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        tokens = int(stage.plugin.chat_prompt_tokens(messages))
-        if tokens > limits.max_input_tokens:
-            raise APIError(
-                400,
-                f"messages: the prompt has {tokens} tokens, over the limit "
-                f"of {limits.max_input_tokens}",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        counted["prompt_tokens"] = tokens
-        return tokens
-
-    def messages_of(done: Mapping[str, Any]) -> list[dict[str, str]]:
-        messages = build(done)
-        prompt_tokens_of(messages)
-        return messages
-
-    if images:  # the prompt is known, and counted, once the images are seen
-        pieces, summary, run = await rt.generate(
-            messages_of,
-            caller=caller,
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            seed=body.seed,
-            request_id=request_id,
-            stop=body.stop_sequences(),
-            before=images,
-        )
-    else:
-        messages = build({})
-        tokens = await asyncio.to_thread(prompt_tokens_of, messages)
-        pieces, summary, run = await rt.generate(
-            messages,
-            caller=caller,
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            seed=body.seed,
-            request_id=request_id,
-            prompt_tokens=tokens,
-            stop=body.stop_sequences(),
-        )
-    runs = [
-        StageRun(
-            s.stage.name,
-            rt.placed_on(s.stage.name),
-            "full",
-            False,
-            "",
-            s.stage.config.model_version,
-        )
-        for s in images.values()
-    ]
+    images, build = _chat_messages(rt, body, stage, counted)
+    source: Any = build  # with images, the prompt is known (and counted) once they are seen
+    if not images:
+        source = await asyncio.to_thread(build, {})
+    pieces, summary, run = await rt.generate(
+        source,
+        caller=caller,
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        seed=body.seed,
+        request_id=request_id,
+        prompt_tokens=counted.get("prompt_tokens", 0),
+        stop=body.stop_sequences(),
+        before=images,
+    )
+    # streamed: the headers go before the steps run, so where each is resident now
+    runs = [rt.planned_run(step.stage) for step in images.values()]
     model = rt.model_id(stage)
     created = int(time.time())
     if not body.stream:

@@ -652,32 +652,36 @@ class Serving:
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``: one request graph with a step per text, each
-        looked up in the feature cache by the engine; the misses are batched by the
-        scheduler into model calls of at most the stage's ``max_batch`` texts, and others'
-        requests run between those batches."""
+        """Embeddings of ``texts`` ``[N, 384]``, in parts the plugin cuts to what one model
+        call may hold, one after another: a large request holds the model one part at a time
+        (others' requests run between its parts) and its memory stays that of one part. Each
+        part is a one-step request graph, looked up in the feature cache by the engine (a
+        single text keeps the key it has on its own)."""
         stage = self.stage_of_kind("text_embed")
         plugin = stage.plugin
-        steps = {
-            f"{index}": Step(
-                stage,
-                [text],
-                profile=plugin.profile([text]),
-                content=text.encode(),
-                items=1,
+        parts = plugin.split(list(texts), self.engine_max_batch(stage, "full"))
+        vectors: list[np.ndarray[Any, Any]] = []
+        runs: list[StageRun] = []
+        for part in parts:
+            step = Step(
+                stage, part, profile=plugin.profile(part), content=_content(part), items=len(part)
             )
-            for index, text in enumerate(texts)
-        }
-        answer = await self.submit(stage.name, steps, caller=caller, request_id=request_id)
-        vectors = np.stack(
-            [np.asarray(answer.outputs[step], dtype=np.float32).reshape(-1) for step in steps]
-        )
-        runs = list(answer.runs.values())
-        ran = next((r for r in reversed(runs) if not r.cached), runs[-1])
-        if len(texts) > self.engine_max_batch(stage, ran.variant):  # large: free its memory
+            answer = await self.submit(
+                stage.name, {stage.name: step}, caller=caller, request_id=request_id
+            )
+            value = np.asarray(answer.outputs[stage.name], dtype=np.float32)
+            vectors.append(value.reshape(len(part), -1))
+            runs.append(answer.runs[stage.name])
+        if len(parts) > 1:  # a large request: give its memory back to the OS
             await asyncio.to_thread(release_free_memory)
-        cached = all(r.cached for r in runs)
-        return vectors, replace(ran, cached=cached)
+        ran = next((r for r in reversed(runs) if not r.cached), runs[-1])
+        return np.concatenate(vectors), replace(ran, cached=all(r.cached for r in runs))
+
+    def planned_run(self, stage: ServedStage) -> StageRun:
+        """How ``stage`` will run, before it has: where it is resident now."""
+        return StageRun(
+            stage.name, self.placed_on(stage.name), "full", False, "", stage.config.model_version
+        )
 
     def engine_max_batch(self, stage: ServedStage, variant: str) -> int:
         """The most items one model call of ``stage`` takes."""
@@ -716,22 +720,7 @@ class Serving:
                 job.stop.set()
 
         job = Generation([], max_tokens, temperature, seed, on_piece, stop_sequences=stop)
-        upstream = dict(before or {})
-        if callable(messages):
-            build = messages
-
-            def compose(done: Mapping[str, Any]) -> Generation:
-                job.messages = build(done)
-                return job
-
-            llm = Step(stage, after=tuple(upstream), compose=compose)
-        else:
-            job.messages = list(messages)
-            llm = Step(stage, job)
-        llm.profile = RequestProfile(text_tokens=prompt_tokens + max_tokens)
-        for spec in upstream.values():
-            spec.answer = False
-        steps = {**upstream, LLM_STEP: llm}
+        steps = _generation_steps(stage, job, messages, before or {}, prompt_tokens)
         tickets = self._tickets(steps, caller)
         try:
             started = self._start(stage.name, steps, tickets, caller, request_id)
@@ -764,14 +753,7 @@ class Serving:
                 summary.set_result({**result.outputs[LLM_STEP], "device": device, "graph": answer})
 
         task.add_done_callback(finished)
-        run = StageRun(
-            stage.name,
-            self.placed_on(stage.name),
-            "full",
-            False,
-            "",
-            stage.config.model_version,
-        )
+        run = self.planned_run(stage)
         stream = _stream(pieces, task, started, job, self.metrics, began, run, answered)
         return stream, summary, run
 
@@ -838,6 +820,39 @@ async def _stream(
         spans = started.spans[LLM_STEP]
         spans.streamed(began, first_at, tokens)
         spans.done(answered[0].runs[LLM_STEP] if answered else run)
+
+
+def _generation_steps(
+    stage: ServedStage,
+    job: Generation,
+    messages: Sequence[Mapping[str, str]] | Callable[[Mapping[str, Any]], list[dict[str, str]]],
+    before: Mapping[str, Step],
+    prompt_tokens: int,
+) -> dict[str, Step]:
+    """The steps of a request that ends in generating ``job``: those ``before`` (not
+    answered: their outputs only feed the prompt), then the LLM's."""
+    upstream = {name: replace(step, answer=False) for name, step in before.items()}
+    if callable(messages):
+        build = messages
+
+        def compose(done: Mapping[str, Any]) -> Generation:
+            job.messages = build(done)
+            return job
+
+        llm = Step(stage, after=tuple(upstream), compose=compose)
+    else:
+        job.messages = list(messages)
+        llm = Step(stage, job, after=tuple(upstream))
+    llm.profile = RequestProfile(text_tokens=prompt_tokens + job.max_tokens)
+    return {**upstream, LLM_STEP: llm}
+
+
+def _content(texts: Sequence[str]) -> bytes:
+    """What a part of texts' cache key is made of: a single text's own bytes, else each
+    text length-prefixed (no two different parts give the same bytes)."""
+    if len(texts) == 1:
+        return texts[0].encode()
+    return b"".join(len(t.encode()).to_bytes(8, "little") + t.encode() for t in texts)
 
 
 def _retried(tickets: Mapping[str, Ticket], error: BaseException) -> dict[str, Ticket] | None:

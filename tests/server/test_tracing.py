@@ -243,3 +243,81 @@ def test_without_tracing_no_opentelemetry_module_is_imported() -> None:
 )
 def test_traceparent_parsing(header: str, parsed: tuple[str, str, bool] | None) -> None:
     assert parse_traceparent(header) == parsed
+
+
+def test_a_chat_with_an_image_is_one_request_graph(
+    traced: Any, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``Engine.submit_graph`` (no per-stage submits): vision and OCR queued together,
+    the LLM queued when both are done; the image header read once, the prompt counted once,
+    and admission and placement judge each step by the same profile."""
+    from hetero.framework.server import pipelines
+
+    server, app = traced
+    runtime: Serving = app.state.runtime
+    engine = runtime.engine
+    assert engine is not None
+    calls: dict[str, int] = {"graphs": 0, "stages": 0, "headers": 0, "prompts": 0}
+    admitted: dict[str, Any] = {}
+    queued: dict[str, float] = {}
+    submit_graph, submit_stage, admit = engine.submit_graph, engine.submit_stage, engine.admit
+    enqueue, image_size = engine.scheduler.enqueue, pipelines.image_size
+    llm = runtime.stage_of_kind("llm_generate").plugin
+    count_prompt = llm.chat_prompt_tokens
+
+    def counting(name: str, call: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return call(*args, **kwargs)
+
+        return counted
+
+    def admitting(stage: str, qos: Any, profile: Any, **kwargs: Any) -> Any:
+        admitted[stage] = profile
+        return admit(stage, qos, profile, **kwargs)
+
+    def enqueueing(task: Any) -> Any:
+        queued[task.stage] = task.units
+        return enqueue(task)
+
+    monkeypatch.setattr(engine, "submit_graph", counting("graphs", submit_graph))
+    monkeypatch.setattr(engine, "submit_stage", counting("stages", submit_stage))
+    monkeypatch.setattr(engine, "admit", admitting)
+    monkeypatch.setattr(engine.scheduler, "enqueue", enqueueing)
+    monkeypatch.setattr(pipelines, "image_size", counting("headers", image_size))
+    monkeypatch.setattr(llm, "chat_prompt_tokens", counting("prompts", count_prompt))
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    page = base64.b64encode(text_page_png(["ONE GRAPH"])).decode()  # not cached yet
+    body = {
+        "model": "smollm2-135m-instruct",
+        "max_tokens": 4,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What does it say?"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{page}"}},
+                ],
+            }
+        ],
+    }
+    headers = {"traceparent": format_traceparent(trace_id, CLIENT_SPAN, True)}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert calls == {"graphs": 1, "stages": 0, "headers": 1, "prompts": 1}
+    weights = runtime.spec.circuit_breaker.complexity
+    assert set(admitted) == {"vision_encode", "ocr", "llm_generate"}
+    for stage, profile in admitted.items():
+        assert queued[stage] == profile.score(weights), stage
+    assert admitted["vision_encode"].image_pixels > 0
+
+    assert app.state.tracer.flush()
+    root = _only(receiver.trace(trace_id), "POST /v1/chat/completions")
+    stages = {s.name: s for s in receiver.children(trace_id, root)}
+    vision, ocr = stages["stage vision_encode"], stages["stage ocr"]
+    assert vision.start_ns < ocr.end_ns and ocr.start_ns < vision.end_ns  # overlapping
+    runs = [
+        {c.name: c for c in receiver.children(trace_id, s)}["device_run"] for s in (vision, ocr)
+    ]
+    llm_children = {c.name: c for c in receiver.children(trace_id, stages["stage llm_generate"])}
+    assert llm_children["queue_wait"].start_ns >= max(run.end_ns for run in runs)  # then the LLM
