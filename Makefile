@@ -56,9 +56,12 @@ $(LINKED): $(STAMP) setup.py tools/link_tree.py
 run: deps-run venv
 	$(BIN)/hetero serve --policy policies/default.yaml
 
+# ruff, then the layers (pyproject.toml's [tool.importlinter]: core < executors < backends <
+# scheduler < engine < server < cli, no cycles) with import-linter, in about 0.2 s.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # mypy checks hetero as one package, walking the link tree (every module, new ones included),
 # and the dummy plugin from its source folder.

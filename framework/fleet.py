@@ -2,7 +2,10 @@
 then filtered by the policy's allow/deny rules and corrected by its overrides.
 
 A policy that declares simulated devices plans for hardware that is not on the desk, so its
-fleet is those devices alone; otherwise the fleet is what the available backends discover.
+fleet is those devices alone; a policy with ``cluster.engine: ray`` runs on its cluster's
+devices, through the cluster engine the ``hetero.plugins`` entry point ``ray`` registers
+(:func:`hetero.framework.cluster.register`: the cluster sits above the engine, so this module
+never imports it); otherwise the fleet is what the available backends discover.
 """
 
 from __future__ import annotations
@@ -10,24 +13,69 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceClass, DeviceSpec, Link, LinkKind
-from hetero.framework.errors import HeteroError
+from hetero.framework.errors import BackendUnavailableError, HeteroError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.references import resolve_group
-from hetero.framework.policy.schema import DeviceOverride, DevicesConfig, SimulatedDeviceGroup
+from hetero.framework.policy.schema import (
+    ClusterConfig,
+    DeviceOverride,
+    DevicesConfig,
+    SimulatedDeviceGroup,
+)
 from hetero.framework.registry import Detection, Registry
 from hetero.framework.topology import Topology
 
-__all__ = ["Fleet", "backend_for", "discover_devices", "resolve_fleet", "simulated_devices"]
+__all__ = [
+    "CLUSTER_ENGINE",
+    "Cluster",
+    "Fleet",
+    "backend_for",
+    "discover_devices",
+    "resolve_fleet",
+    "simulated_devices",
+]
 
 logger = logging.getLogger(__name__)
 
 SIM_BACKEND = "sim"
+# The registry's extension kind of a cluster engine: ``connect(ClusterConfig) -> Cluster``.
+CLUSTER_ENGINE = "cluster_engine"
+
+
+class Cluster(Protocol):
+    """A connection to a cluster of nodes, as the fleet uses it."""
+
+    @property
+    def devices(self) -> Sequence[DeviceSpec]:
+        """The devices of every node that has joined."""
+        ...
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that runs work on those devices, on their nodes."""
+        ...
+
+
+def _cluster(policy: Policy, registry: Registry) -> Cluster:
+    """The connection to the policy's cluster, through the cluster engine registered under
+    ``cluster.engine``'s name."""
+    config = policy.spec.cluster
+    engines: dict[str, Callable[[ClusterConfig], Cluster]] = registry.extensions(CLUSTER_ENGINE)
+    connect = engines.get(config.engine)
+    if connect is None:
+        raise BackendUnavailableError(
+            config.engine,
+            f"no cluster engine {config.engine!r} is registered: hetero's hetero.plugins entry"
+            f" point {config.engine!r} registers it (reinstall hetero if it is missing; a"
+            " Registry(use_entry_points=False) has none)",
+        )
+    return connect(config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +246,7 @@ def resolve_fleet(policy: Policy, registry: Registry) -> Fleet:
     if config.simulated:
         found = simulated_devices(config.simulated)
     elif policy.spec.cluster.engine == "ray":
-        from hetero.framework.cluster import connect
-
-        found = list(connect(policy.spec.cluster).devices)
+        found = list(_cluster(policy, registry).devices)
     else:
         found, unavailable = discover_devices(registry)
     devices, excluded = apply_device_rules(found, config)
@@ -218,7 +264,5 @@ def backend_for(name: str, policy: Policy, registry: Registry) -> Backend:
     """The backend that runs a fleet's devices of backend ``name``: the registry's, or, for a
     Ray cluster's devices, the backend over its node agents."""
     if name == "ray" and policy.spec.cluster.engine == "ray":
-        from hetero.framework.cluster import connect
-
-        return connect(policy.spec.cluster).backend
+        return _cluster(policy, registry).backend
     return registry.backend(name)

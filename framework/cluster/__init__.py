@@ -14,8 +14,9 @@ from hetero.framework.policy.schema import ClusterConfig
 
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayCluster
+    from hetero.framework.registry import Registry
 
-__all__ = ["connect"]
+__all__ = ["connect", "register"]
 
 
 def connect(config: ClusterConfig) -> RayCluster:
@@ -23,3 +24,12 @@ def connect(config: ClusterConfig) -> RayCluster:
     from hetero.framework.cluster.ray_cluster import connect as connect_ray
 
     return connect_ray(config)
+
+
+def register(registry: Registry) -> None:
+    """Entry point ``hetero.plugins: ray``: :func:`connect` as the cluster engine ``ray``, which
+    :mod:`hetero.framework.fleet` asks for when a policy sets ``cluster.engine: ray`` (the fleet
+    is below the engine and this package above it, so the fleet never imports it)."""
+    from hetero.framework.fleet import CLUSTER_ENGINE
+
+    registry.register(CLUSTER_ENGINE, "ray", connect)
