@@ -1,5 +1,6 @@
-"""One execution path, checked on the source: only the executors build runtime sessions, and no
-benchmark harness lives inside the runtime packages."""
+"""One execution path, checked on the source: only the executors build runtime sessions. (That
+nothing in the product but the CLI's ``hetero bench`` imports the benchmark harness is the
+import contract's job: pyproject.toml's ``[tool.importlinter]``, tests/unit/test_layers.py.)"""
 
 from __future__ import annotations
 
@@ -27,14 +28,3 @@ def test_only_the_executors_build_runtime_sessions() -> None:
     assert found == []
     in_executors = [p for p in _sources() if EXECUTORS in p.parents]
     assert any(SESSION.search(p.read_text("utf-8")) for p in in_executors)  # the control
-
-
-def test_no_benchmark_harness_inside_the_runtime_packages() -> None:
-    runtime = ("framework/server", "framework/engine", "framework/scheduler", "cache")
-    found = [
-        str(path.relative_to(ROOT))
-        for folder in runtime
-        for path in (ROOT / folder).rglob("bench*.py")
-    ]
-    assert found == []
-    assert list((ROOT / "framework" / "bench").glob("*.py"))  # the control: it lives here
