@@ -168,12 +168,19 @@ def _estimate(sketch: FrequencySketch, entry: list[Any]) -> int:
 
 
 class MemoryTier:
-    """A byte-bounded map from key digests to decoded values (W-TinyLFU)."""
+    """A byte-bounded map from key digests to decoded values (W-TinyLFU).
+
+    Args:
+        max_bytes: The byte budget.
+        adaptive: False keeps the window at its first share (1 %) and never breaks a tie for
+            recency: the fixed-window W-TinyLFU, the reference ``hetero bench cache`` replays.
+    """
 
     name = "memory"
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, adaptive: bool = True) -> None:
         self.max_bytes = max_bytes
+        self._adaptive = adaptive
         self._data: dict[bytes, list[Any]] = {}
         self._window: OrderedDict[bytes, list[Any]] = OrderedDict()
         self._probation: OrderedDict[bytes, list[Any]] = OrderedDict()
@@ -503,7 +510,7 @@ class MemoryTier:
         if self._reads:  # duels see every request so far
             self._drain()
         if self._steering is None:  # full for the first time: the sample share is set now
-            self._steering = WindowSteering(self.max_bytes, len(self._data))
+            self._steering = WindowSteering(self.max_bytes, len(self._data), self._adaptive)
         sizes = self._bytes
         total = sizes[0] + sizes[1] + sizes[2]
         if arriving is not None:

@@ -51,9 +51,13 @@ class WindowSteering:
     Args:
         max_bytes: The tier's byte budget.
         entries: Entries the tier holds when it first fills (sets the sample share).
+        adapts: False for a fixed window: the shadow runs (the same work) but no period asks
+            for a change and no period finds recency (the reference ``hetero bench cache``
+            replays beside the adaptive tier).
     """
 
-    def __init__(self, max_bytes: int, entries: int) -> None:
+    def __init__(self, max_bytes: int, entries: int, adapts: bool = True) -> None:
+        self.adapts = adapts
         self.shift = (max(1, entries // TARGET)).bit_length() - 1
         # Sampled: the low ``shift`` bits of the digest's ninth byte are zero (the sketch's
         # slots use bytes 0-7), so at most one key in 256 when the tier is very large.
@@ -97,6 +101,8 @@ class WindowSteering:
         period starts."""
         tier, lru = self._tier_hits, self.lru_hits  # requests only one of them hit
         self._tier_hits = self.lru_hits = self.requests = 0
+        if not self.adapts:
+            return 0
         self.recency = lru >= tier
         noise = math.sqrt(tier + lru)
         if lru - tier > Z_GROW * noise:

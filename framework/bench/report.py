@@ -121,13 +121,25 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
 
 
 def _print_replay(console: Console, replay: dict[str, Any]) -> None:
-    """The trace replay's hit rates, in percent, and the tier's under other key hashings."""
+    """The trace replay's hit rates, in percent, the points against LRU, the tier's under other
+    key hashings, and the replay's cost against the LRU class."""
     table = Table(title="Trace replay, hit rate %", title_justify="left")
-    for column in ("stream", "capacity", "tier", "LRU", "TinyLFU before", "other hashings"):
+    for column in (
+        "stream",
+        "capacity",
+        "LRU",
+        "fixed window",
+        "adaptive",
+        "fixed - LRU",
+        "adaptive - LRU",
+        "goal met",
+        "TinyLFU before",
+        "other hashings",
+    ):
         table.add_column(column, justify="right")
     for stream, figures in replay.items():
-        if not isinstance(figures, dict):
-            continue  # a stream not measured: a sentence saying why
+        if not isinstance(figures, dict) or "other_key_hashes" not in figures:
+            continue  # a stream not measured (a sentence saying why), or the cost
         others = figures["other_key_hashes"]
         for share, row in figures.items():
             if not share.endswith("%"):
@@ -136,10 +148,22 @@ def _print_replay(console: Console, replay: dict[str, Any]) -> None:
             table.add_row(
                 stream,
                 share,
-                f"{100 * row['memory_tier']:.2f}",
                 f"{100 * row['lru']:.2f}",
+                f"{100 * row['fixed_window']:.2f}",
+                f"{100 * row['memory_tier']:.2f}",
+                f"{row['fixed_window_minus_lru_points']:+.2f}",
+                f"{row['memory_tier_minus_lru_points']:+.2f}",
+                "yes" if row["meets_goal"] else "NO",
                 f"{100 * row['tinylfu_before']:.2f}",
                 f"{100 * spread['memory_tier_mean']:.2f} mean, "
                 f"{spread['below_goal']} of {others['hashes']} below goal",
             )
     console.print(table)
+    cost = replay.get("cost")
+    if isinstance(cost, dict):
+        console.print(
+            f"get-or-put over the replay: memory tier {cost['memory_tier_us_per_lookup']:.3f} us, "
+            f"OrderedDict LRU {cost['lru_us_per_lookup']:.3f} us a lookup: "
+            f"{cost['memory_tier_over_lru']:.2f}x (thread CPU time, "
+            f"{'compiled' if cost['compiled'] else 'interpreted'})"
+        )

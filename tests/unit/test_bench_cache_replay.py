@@ -52,3 +52,17 @@ def test_other_hashings_count_the_misses_against_each_goal() -> None:
             "mooncake_synthetic", requests, {**figures, name: impossible}
         )
         assert counted[name]["below_goal"] == bench.OTHER_KEY_HASHES
+
+
+def test_a_replay_points_goal_is_lru_less_the_slack_or_a_fixed_window_that_beats_lru() -> None:
+    skewed = bench._replay_row(stream(), 40)  # a skewed stream: frequency pays
+    assert skewed["fixed_window"] > skewed["lru"]
+    assert skewed["goal"] == skewed["fixed_window"]
+    assert skewed["meets_goal"] == (skewed["memory_tier"] >= skewed["goal"])
+    keys = [hashlib.blake2b(f"r{i}".encode(), digest_size=32).digest() for i in range(3000)]
+    recency = [key for i in range(3000) for key in (keys[i], keys[max(0, i - 20)])]
+    recent = bench._replay_row(recency, 100)  # each key asked twice, close together
+    assert recent["fixed_window"] < recent["lru"]
+    assert recent["goal"] == recent["lru"] - bench.LRU_SLACK_POINTS / 100
+    assert recent["memory_tier_minus_lru_points"] == 100 * (recent["memory_tier"] - recent["lru"])
+    assert 0 < recent["window_share_at_end"] <= 1

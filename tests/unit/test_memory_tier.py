@@ -236,3 +236,80 @@ def test_a_wider_sketch_keeps_every_held_keys_count() -> None:
         tier.put(digest(f"more-{index}"), "v", 1, 1e9)
     assert tier._sketch.width > width
     assert counts() == before
+
+
+def _replay_checking_bounds(tier: MemoryTier, keys: list[bytes]) -> float:
+    """Get-or-put every key (64-byte entries); the window stays within [1 byte, the budget]
+    after every request. The hit rate."""
+    hits = 0
+    for key in keys:
+        if tier.get(key, 0.0) is not None:
+            hits += 1
+        else:
+            tier.put(key, "v", 64, 1e18)
+        assert 1 <= tier.window_max <= tier.max_bytes
+    return hits / len(keys)
+
+
+def _recency_stream(start: int, requests: int, gap: int) -> list[bytes]:
+    """Every key asked for twice, ``gap`` requests apart, never again: LRU holding more than
+    ``gap`` entries hits every second request, a frequency filter refuses them all (a key seen
+    once is never more frequent than what it would evict)."""
+    keys: list[bytes] = []
+    for step in range(start, start + requests):
+        keys.append(digest(f"r-{step}"))
+        keys.append(digest(f"r-{step - gap}") if step - gap >= start else digest(f"o-{step}"))
+    return keys
+
+
+def _frequency_stream(requests: int, hot: int, seed: int) -> list[bytes]:
+    """A hot set asked for one request in four, uniformly, among one-off keys: LRU holding
+    fewer entries than the one-offs between two requests for a hot key never hits it; a
+    frequency filter keeps the hot set."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        digest(f"h-{rng.randrange(hot)}") if rng.random() < 0.25 else digest(f"x-{seed}-{step}")
+        for step in range(requests)
+    ]
+
+
+def test_the_window_moves_toward_recency_then_toward_frequency_and_stays_in_bounds() -> None:
+    entries = 2000
+    tier = MemoryTier(64 * entries)
+    start = tier.window_max
+    assert start == int(0.01 * 64 * entries)
+    # A recency stream: LRU would hit half the requests, the tier with its 1 % window none of
+    # the second ones it cannot hold: the window grows toward the whole tier.
+    recency = _recency_stream(0, 20_000, gap=entries // 4)
+    rate = _replay_checking_bounds(tier, recency)
+    grown = tier.window_max
+    assert grown >= 0.5 * tier.max_bytes, grown
+    lru_rate = _replay_checking_bounds_lru(Lru(entries), recency)
+    fixed_rate = _replay_checking_bounds(MemoryTier(64 * entries, adaptive=False), recency)
+    assert rate > fixed_rate + 0.2 and rate > lru_rate - 0.1, (rate, lru_rate, fixed_rate)
+    # A frequency stream: the window shrinks back toward its floor, and the tier keeps the hot
+    # set that LRU loses to the one-offs.
+    frequency = _frequency_stream(60_000, hot=entries // 2, seed=1)
+    rate = _replay_checking_bounds(tier, frequency)
+    assert tier.window_max <= 0.1 * tier.max_bytes < grown, tier.window_max
+    lru_rate = _replay_checking_bounds_lru(Lru(entries), frequency)
+    assert rate > lru_rate + 0.05, (rate, lru_rate)
+
+
+def _replay_checking_bounds_lru(lru: Lru, keys: list[bytes]) -> float:
+    hits = 0
+    for key in keys:
+        if lru.get(key, 0.0) is not None:
+            hits += 1
+        else:
+            lru.put(key, "v", 64, 1e18)
+    return hits / len(keys)
+
+
+def test_a_fixed_window_stays_at_its_first_share() -> None:
+    tier = MemoryTier(64 * 2000, adaptive=False)
+    start = tier.window_max
+    _replay_checking_bounds(tier, _recency_stream(0, 10_000, gap=500))
+    assert tier.window_max == start
