@@ -592,6 +592,10 @@ class ClusterConfig(_Frozen):
     address: StrictStr = "auto"  # ray.init's: "auto" (a running cluster) or "ray://host:port"
     namespace: Name = "hetero"
     heartbeat_s: PositiveFloat = 2.0  # how often the engine asks the cluster who joined or left
+    # how long a call to a device's actor may take before the device's breaker counts it failed
+    # (a run, a read of kept outputs; a streamed run: the wait for its next piece), and a load
+    call_timeout_s: PositiveFloat = 60.0
+    load_timeout_s: PositiveFloat = 600.0
 
 
 class PolicySpec(_Frozen):
