@@ -107,6 +107,14 @@ class DeviceSpec:
             return self.peak_flops["fp32"]
         return min(self.peak_flops.values())
 
+    @property
+    def physical_id(self) -> str:
+        """The physical device this one is a runtime's view of, as ``<host>/<device id>``:
+        a device that mirrors another names it in ``properties["serves"]`` (``vllm:cuda:0``
+        serves ``cuda:0``); any other is its own. Devices of one physical id have one memory
+        between them, and the scheduler gives them one budget."""
+        return f"{self.host}/{self.properties.get('serves') or self.id}"
+
     def link_to(self, peer: str) -> Link | None:
         """The direct link to ``peer``, if there is one."""
         return next((link for link in self.links if link.peer == peer), None)

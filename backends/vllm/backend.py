@@ -6,6 +6,10 @@ and every ``cuda:N`` (-> ``vllm:cuda:N``) for the CUDA build. The same hardware,
 cost figures; a separate device, so the scheduler can place the LLM stage on vLLM or on a
 runtime of its own like any other choice, and the policy can allow or deny it by name.
 
+One GPU, one budget: a mirror names the device it serves (``properties["serves"]``), the
+scheduler gives both one memory budget (``DeviceSpec.physical_id``), and its telemetry is that
+device's own.
+
 Memory accounting: a load is charged its weights (the safetensors files) plus the KV cache the
 engine is given (``HETERO_VLLM_KV_CACHE_MB``), exactly what the graph's hint declares to the
 scheduler's memory manager. The engine runs in vLLM's engine-core process, so the host
@@ -22,12 +26,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import psutil
 
 from hetero.framework import envs
 from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel
 from hetero.framework.devices import DeviceSpec, Telemetry
-from hetero.framework.errors import BackendError, UnsupportedCapabilityError
+from hetero.framework.errors import (
+    BackendError,
+    DeviceUnhealthyError,
+    UnsupportedCapabilityError,
+)
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.registry import default_registry
 
@@ -111,12 +118,16 @@ class VllmBackend(Backend):
         return specs
 
     def _telemetry(self, device_id: str) -> Telemetry:
-        memory = psutil.virtual_memory()
-        return Telemetry(
-            device_id=device_id,
-            memory_used_bytes=int(memory.total - memory.available),
-            utilisation=min(1.0, psutil.cpu_percent(interval=None) / 100.0),
-        )
+        """The telemetry of the device it mirrors, read by that device's own backend (NVML for
+        ``cuda:N``): one physical device, one telemetry source."""
+        source, _ = MIRRORED[self.platform]
+        serves = str(self.device(device_id).properties["serves"])
+        try:
+            reading = default_registry().backend(source).telemetry(serves)
+        except DeviceUnhealthyError as err:  # the GPU is gone: so is its mirror
+            self.mark_unhealthy(device_id, f"{serves}: {err.reason}")
+            raise DeviceUnhealthyError(device_id, f"{serves}: {err.reason}") from err
+        return dataclasses.replace(reading, device_id=device_id)
 
     def run_slots(self, device_id: str, graph_format: GraphFormat) -> int:
         """vLLM's continuous batch: ``HETERO_VLLM_MAX_NUM_SEQS`` generations at once."""

@@ -17,14 +17,19 @@ KV cache: a request to a model with a KV cache reserves its longest context (pro
 output tokens, in whole blocks of the paged allocator) when it is placed and gives it back
 when it finishes; the reservation counts as used memory, so a device whose KV room is taken
 is skipped or waited for (admission, never preemption).
+
+One physical device that several runtimes expose (``cuda:0`` and ``vllm:cuda:0``) has one
+memory: their managers share a :class:`SharedMemory`, so what either holds leaves less room
+for both (each still evicts only its own models).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LoadPlan", "MemoryManager", "Residency"]
+__all__ = ["LoadPlan", "MemoryManager", "Residency", "SharedMemory", "share_memory"]
 
 MIN_RELOAD_S = 1e-3
 
@@ -70,6 +75,8 @@ class MemoryManager:
     """Bytes of KV cache reserved by requests placed here and not finished."""
     evicted: deque[tuple[str, float]] = field(default_factory=lambda: deque(maxlen=1024))
     """The latest evictions: (model key, seconds it had been resident)."""
+    shared: SharedMemory | None = None
+    """The physical device's memory, when other devices' managers draw on it too."""
 
     @property
     def model_bytes(self) -> int:
@@ -83,7 +90,9 @@ class MemoryManager:
 
     @property
     def free(self) -> int:
-        """Bytes not held."""
+        """Bytes not held (by any device of the same physical memory)."""
+        if self.shared is not None:
+            return min(self.capacity - self.used, self.shared.capacity - self.shared.used)
         return self.capacity - self.used
 
     def _score(self, residency: Residency, now: float) -> float:
@@ -207,3 +216,32 @@ class MemoryManager:
         if residency is not None:
             residency.in_flight = max(0, residency.in_flight - 1)
             residency.last_used = now
+
+
+@dataclass(eq=False, slots=True)
+class SharedMemory:
+    """The memory of one physical device that several devices' managers draw on."""
+
+    capacity: int
+    members: list[MemoryManager] = field(default_factory=list)
+
+    @property
+    def used(self) -> int:
+        """Bytes held by every member."""
+        return sum(member.used for member in self.members)
+
+
+def share_memory(managers: list[MemoryManager], physical_ids: Sequence[str]) -> list[MemoryManager]:
+    """Give managers whose devices have one physical id (``managers[i]`` has
+    ``physical_ids[i]``) one :class:`SharedMemory`, as large as the smallest of their
+    capacities; a manager alone on its device keeps its own. Returns ``managers``."""
+    groups: defaultdict[str, list[MemoryManager]] = defaultdict(list)
+    for manager, physical in zip(managers, physical_ids, strict=True):
+        groups[physical].append(manager)
+    for members in groups.values():
+        shared = None
+        if len(members) > 1:
+            shared = SharedMemory(min(m.capacity for m in members), list(members))
+        for manager in members:
+            manager.shared = shared
+    return managers

@@ -38,7 +38,7 @@ from hetero.framework.scheduler.decisions import (
     SchedulerStats,
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
-from hetero.framework.scheduler.memory import MemoryManager
+from hetero.framework.scheduler.memory import MemoryManager, share_memory
 from hetero.framework.scheduler.queues import LiveTally, QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
 from hetero.framework.scheduler.tables import StageTables, compute_groups
@@ -111,9 +111,10 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         reserve = spec.scheduler.memory_reserve_fraction
         capacity = [int(d.memory_bytes * (1 - reserve)) for d in self.devices]
         self.fleet = FleetCosts(self.devices, topology, capacity)
-        self.memory = [
-            MemoryManager(d.id, c, eviction) for d, c in zip(self.devices, capacity, strict=True)
-        ]
+        self.memory = share_memory(
+            [MemoryManager(d.id, c, eviction) for d, c in zip(self.devices, capacity, strict=True)],
+            [d.physical_id for d in self.devices],
+        )
         count = len(self.devices)
         self._can_run = can_run
         self.tables: dict[str, StageTables] = {}
@@ -291,6 +292,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.memory.extend(
             MemoryManager(d.id, c, eviction) for d, c in zip(devices, capacity[old:], strict=True)
         )
+        share_memory(self.memory, [d.physical_id for d in self.devices])
         for key, tables in list(self.tables.items()):
             stage, variant = key.split("/", 1)
             costs = self._costs(stage, variant, tables.costs.hint)

