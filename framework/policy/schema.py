@@ -30,6 +30,7 @@ __all__ = [
     "DEVICE_CLASSES",
     "AccessHours",
     "ApiKeyConfig",
+    "AttestationPolicy",
     "AttributeRule",
     "AuditConfig",
     "BatchingConfig",
@@ -451,6 +452,33 @@ class AccessHours(_Frozen):
     utc_offset_hours: Annotated[float, Field(ge=-12.0, le=14.0)] = 8.0
 
 
+AttestationKind = Literal["sev-snp", "tdx", "sgx", "csv", "nvidia"]
+HexDigest = Annotated[StrictStr, Field(pattern=r"^[0-9a-fA-F]{32,128}$")]
+
+
+class AttestationPolicy(_Frozen):
+    """What a partition's sandbox must prove with hardware evidence before it gets the
+    partition's keys (checked by ``hetero.sandbox.attestation``): the evidence kinds accepted,
+    the measurements or signers allowed (one of the two lists at least), the minimum TCB parts
+    (``bl``, ``tee``, ``snp``, ``ucode``, ``fmc`` for SEV-SNP; ``pcesvn`` for SGX and TDX), the
+    TCB statuses accepted (Intel's names; ``OK`` for vendors without one), and whether a
+    debuggable guest is accepted (never by default)."""
+
+    kinds: tuple[AttestationKind, ...] = Field(min_length=1)
+    measurements: tuple[HexDigest, ...] = ()
+    signers: tuple[HexDigest, ...] = ()
+    min_tcb: Annotated[Mapping[Name, NonNegativeInt], AfterValidator(_freeze)] = pmap()
+    tcb_statuses: tuple[Name, ...] = ("UpToDate", "OK")
+    allow_debug: StrictBool = False
+    product: Literal["milan", "genoa", "turin"] | None = None
+
+    @model_validator(mode="after")
+    def _something_allowed(self) -> AttestationPolicy:
+        if not self.measurements and not self.signers:
+            raise ValueError("attestation needs allowed measurements or signers (or both)")
+        return self
+
+
 class PartitionConfig(_Frozen):
     """A data partition: what it holds, how it is encrypted and isolated, who may touch it."""
 
@@ -464,6 +492,7 @@ class PartitionConfig(_Frozen):
     attribute_rules: tuple[AttributeRule, ...] = ()
     access_hours: AccessHours | None = None
     purposes: tuple[Name, ...] = ()
+    attestation: AttestationPolicy | None = None
 
 
 MaskedField = Literal["id_number", "mobile", "bank_card", "email"]
