@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from hetero.framework import envs
+from hetero.framework.cli.attest import add_attest_parser, run_attest
 from hetero.framework.cli.audit import run_audit_verify
 from hetero.framework.cli.bundle import add_bundle_parser, run_bundle
 from hetero.framework.cli.commands import run_devices, run_plan, run_policy_devices
@@ -186,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parsers(commands)
     add_bundle_parser(commands)
     add_deploy_parser(commands)
+    add_attest_parser(commands)
     plan = commands.add_parser("plan", help="validate a policy and show placement costs")
     plan.add_argument("policy", help="policy file, or builtin:<name> (builtin:default)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_bundle(out, err, args)
         if args.command == "deploy":
             return run_deploy(out, err, registry, args)
+        if args.command == "attest":
+            return run_attest(out, err, args)
         if args.command == "keys":
             from hetero.framework.cli.keys import run_keys_hash
 
