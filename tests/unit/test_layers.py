@@ -94,6 +94,8 @@ def test_imports_across_the_layers_break_it_and_are_named(tmp_path: Path) -> Non
     root = _link_tree(tmp_path)
     # the scheduler reaching up into the engine
     _add_module(root, "hetero.framework.scheduler.upward", "import hetero.framework.engine\n")
+    # the core (the policy package) reaching up into the executors
+    _add_module(root, "hetero.framework.policy.upward", "import hetero.framework.executors\n")
     # the product importing the bench
     _add_module(root, "hetero.framework.server.benched", "import hetero.framework.bench.serve\n")
     # one backend importing another
@@ -112,6 +114,7 @@ def test_imports_across_the_layers_break_it_and_are_named(tmp_path: Path) -> Non
     assert _broken(out) == sorted(names)  # all three: layers, backends, acyclic
     assert "hetero.framework.scheduler is not allowed to import hetero.framework.engine" in out
     assert "hetero.framework.scheduler.upward -> hetero.framework.engine" in out
+    assert "hetero.framework.policy is not allowed to import hetero.framework.executors" in out
     assert "hetero.framework.server is not allowed to import hetero.framework.bench" in out
     assert "hetero.backends.cuda is not allowed to import hetero.backends.npu" in out
     assert "No cycles are allowed in hetero.cache." in out
