@@ -17,7 +17,7 @@ import datetime
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero.framework.policy.schema import AttestationPolicy
@@ -92,6 +92,7 @@ def _verify(
     as_of: datetime.datetime,
     product: str | None,
     cache: EndorsementCache | None,
+    amd_roots: Mapping[str, bytes] | None,
 ) -> Verdict:
     def cached(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         return make() if cache is None else cache.get_or_make(key, make)
@@ -100,8 +101,10 @@ def _verify(
     if kind == "sev-snp":
         from hetero.sandbox.attestation import sev_snp
 
+        roots_key = None if amd_roots is None else _digest(*amd_roots.values())
         endorsed = cached(
-            (kind, _digest(*certs), day, product), lambda: sev_snp.endorse(certs, as_of, product)
+            (kind, _digest(*certs), day, product, roots_key),
+            lambda: sev_snp.endorse(certs, as_of, product, amd_roots),
         )
         return sev_snp.verify_sev_snp(evidence, certs, as_of, product=product, endorsed=endorsed)
     if kind in ("tdx", "sgx"):
@@ -157,6 +160,7 @@ def verify_evidence(
     policy: AttestationPolicy | None = None,
     partition: str = "",
     cache: EndorsementCache | None = None,
+    amd_roots: Mapping[str, bytes] | None = None,
 ) -> Verdict:
     """Verify one piece of evidence; a refused :class:`Verdict` says why it is not trusted.
 
@@ -172,6 +176,8 @@ def verify_evidence(
         policy: The partition's measurement policy; none checks the evidence only.
         partition: The partition's name, for reasons.
         cache: Where chain and collateral results are kept between calls.
+        amd_roots: Replaces the pinned AMD roots (product to ASK, ARK and ASVK PEM). Only a
+            simulated TEE in tests sets it; no policy key or CLI flag reaches it.
 
     Raises:
         AttestationError: The evidence, certificates or collateral cannot be read at all, or
@@ -180,7 +186,7 @@ def verify_evidence(
     if product is None and policy is not None:
         product = policy.product
     try:
-        verdict = _verify(kind, evidence, certs, collateral, as_of, product, cache)
+        verdict = _verify(kind, evidence, certs, collateral, as_of, product, cache, amd_roots)
     except RefusedError as refusal:
         return Verdict(kind, False, "Refused", reason=refusal.reason)
     if not verdict.verified:

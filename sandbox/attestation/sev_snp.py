@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -105,8 +105,14 @@ def tcb_parts(tcb: bytes, product: str) -> dict[str, int]:
     return {"bl": tcb[0], "tee": tcb[1], "snp": tcb[6], "ucode": tcb[7]}
 
 
-def _pinned_chain(product: str) -> tuple[x509.Certificate, x509.Certificate, x509.Certificate]:
-    ask, ark, asvk = load_certificates(pinned(f"amd_{product}.pem"), f"pinned AMD {product}")
+Roots = Mapping[str, bytes]
+
+
+def _pinned_chain(
+    product: str, roots: Roots | None = None
+) -> tuple[x509.Certificate, x509.Certificate, x509.Certificate]:
+    pem = pinned(f"amd_{product}.pem") if roots is None else roots[product]
+    ask, ark, asvk = load_certificates(pem, f"pinned AMD {product}")
     return ask, ark, asvk
 
 
@@ -141,10 +147,16 @@ def _hardware_id(leaf: x509.Certificate) -> bytes | None:
     return content if tag == 0x04 else raw
 
 
-def _check_given_chain(given: Sequence[x509.Certificate], product: str) -> None:
+def _check_given_chain(
+    given: Sequence[x509.Certificate], product: str, roots: Roots | None
+) -> None:
     """Certificates the evidence brought besides its leaf must be the product's pinned ones."""
-    own = _pinned_chain(product)
-    others = {p: _pinned_chain(p) for p in PRODUCTS if p != product}
+    own = _pinned_chain(product, roots)
+    others = {
+        p: _pinned_chain(p, roots)
+        for p in PRODUCTS
+        if p != product and (roots is None or p in roots)
+    }
     for certificate in given:
         if certificate in own:
             continue
@@ -162,10 +174,14 @@ def _check_given_chain(given: Sequence[x509.Certificate], product: str) -> None:
 
 
 def endorse(
-    certs: Sequence[bytes], as_of: datetime.datetime, product: str | None
+    certs: Sequence[bytes],
+    as_of: datetime.datetime,
+    product: str | None,
+    roots: Roots | None = None,
 ) -> tuple[x509.Certificate, str]:
     """The VCEK or VLEK the evidence brought, checked to the product's pinned ARK at
-    ``as_of``, and the product; the per-chip part a cache may keep."""
+    ``as_of``, and the product; the per-chip part a cache may keep. ``roots`` (product to
+    ASK, ARK and ASVK PEM) replaces the pinned roots: only a simulated TEE in tests sets it."""
     if not certs:
         raise AttestationError("SEV-SNP evidence needs its VCEK or VLEK (--certs)")
     found = all_certificates(certs, "certificate")
@@ -179,8 +195,10 @@ def endorse(
         raise AttestationError("the VCEK names no product: give one (milan, genoa, turin)")
     if chosen not in PRODUCTS:
         raise AttestationError(f"unknown AMD product {chosen!r} (known: {', '.join(PRODUCTS)})")
-    _check_given_chain([c for c in found if c is not leaf], chosen)
-    ask, ark, asvk = _pinned_chain(chosen)
+    if roots is not None and chosen not in roots:
+        raise RefusedError(f"no roots given for AMD {chosen}")
+    _check_given_chain([c for c in found if c is not leaf], chosen, roots)
+    ask, ark, asvk = _pinned_chain(chosen, roots)
     vlek = "SEV-VLEK" in _cn(leaf)
     signer, signer_name = (asvk, "ASVK") if vlek else (ask, "ASK")
     label = f"AMD {chosen.capitalize()}"
