@@ -29,10 +29,15 @@ from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
 from hetero.framework.stage_plugin import StagePlugin
 
-__all__ = ["LOST", "ItemShape", "LaneActor", "RayOutput", "RayOutputs"]
+__all__ = ["LOST", "ItemShape", "LaneActor", "RayOutput", "RayOutputs", "StageMissingError"]
 
 EARLY_STOPS = 1024  # stops kept for runs not registered yet, at most
 LOST = "lost"  # a run's answer when its inputs could not be read: their device or node is gone
+
+
+class StageMissingError(KeyError):
+    """A call names a stage this actor was not given: Ray restarted the actor (a fresh
+    process, without the stages and models the front door gave the one before)."""
 
 
 class InputsGoneError(Exception):
@@ -61,6 +66,14 @@ class LaneActor:
     def ready(self) -> bool:
         """Answers once the actor is up."""
         return True
+
+    def pid(self) -> int:
+        """This actor's process id (a restarted actor is a new process)."""
+        return os.getpid()
+
+    def resident(self, model_key: str) -> bool:
+        """Whether ``model_key`` is resident on the device here."""
+        return self.models.resident(model_key)
 
     def niceness(self) -> int:
         """This process's CPU priority (Ray starts workers at 15 unless told otherwise)."""
@@ -206,7 +219,11 @@ class LaneActor:
             plugin.close()
 
     def _plugin(self, model_key: str) -> StagePlugin:
-        return self.plugins[model_key.split("/", 1)[0]]
+        stage = model_key.split("/", 1)[0]
+        try:
+            return self.plugins[stage]
+        except KeyError:
+            raise StageMissingError(f"stage {stage!r} was not taken in here") from None
 
     def _resolve_each(self, payloads: list[Any]) -> tuple[list[Any], dict[int, str]]:
         """After a batch's inputs could not all be read: each item's on its own, the items

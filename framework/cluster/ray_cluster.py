@@ -12,9 +12,13 @@ node, so the topology model puts the network between nodes, and their ``backend`
 front-door lanes stay as they are, a load or evict is an actor call, and a stage's large outputs
 stay in its device's actor until the next stage (or the response) reads them.
 
-A node or actor that dies is a device failure: the call raises, every device of that node is
-marked unhealthy (the engine takes them out of placement after the batch), and the engine
-retries the batch's tasks on other devices; outputs that were kept on the node are made again.
+A node that dies is a device failure: the call raises, every device of that node is marked
+unhealthy (the engine takes them out of placement after the batch), and the engine retries the
+batch's tasks on other devices; outputs that were kept on the node are made again. A device's
+actor that dies on a node that is still alive takes only that device out: Ray restarts the
+actor, which is given back its stages and resident models, and then the device is readmitted.
+Every call to a device's actor has a timeout (``cluster.call_timeout_s``, loads
+``cluster.load_timeout_s``) that the device's breaker counts.
 The engine polls :meth:`RayBackend.poll_membership` every ``cluster.heartbeat_s``: nodes Ray
 reports dead leave placement, and agents start on nodes that joined, whose devices the running
 engine takes in.
@@ -98,6 +102,21 @@ class RayBackend(Backend):
     def node_of(self, device_id: str) -> str:
         """The Ray node id a device lives on."""
         return self._node_of[device_id]
+
+    @property
+    def config(self) -> ClusterConfig | None:
+        """The policy's ``cluster`` section (None for a backend without a cluster)."""
+        return self._cluster.config if self._cluster is not None else None
+
+    def node_alive(self, node_id: str) -> bool:
+        """Whether Ray counts ``node_id`` alive now (one read of the GCS; a node whose raylet
+        died counts alive until Ray's health check misses it)."""
+        try:
+            nodes = _ray().nodes()
+        except Exception as err:  # the GCS does not answer: nothing is known to be alive
+            logger.warning("ray.nodes() failed: %s", err)
+            return False
+        return any(node["NodeID"] == node_id and node["Alive"] for node in nodes)
 
     def node_lost(self, node_id: str, reason: str) -> None:
         """Every device of ``node_id`` leaves placement: the node or its agent died."""
@@ -271,11 +290,15 @@ _clusters_lock = threading.Lock()
 
 
 def connect(config: ClusterConfig) -> RayCluster:
-    """The process's connection to the cluster at ``config.address`` (made once)."""
+    """The process's connection to the cluster at ``config.address`` (made once; a later
+    policy's other ``cluster`` settings, such as its timeouts, replace the earlier one's for
+    the device hosts made from then on)."""
     key = (config.address, config.namespace)
     with _clusters_lock:
         if key not in _clusters:
             _clusters[key] = RayCluster(config)
+        else:
+            _clusters[key].config = config
         return _clusters[key]
 
 

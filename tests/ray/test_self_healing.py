@@ -1,0 +1,180 @@
+"""Self-healing of the Ray mode on a real two-node cluster on loopback (a head lending its
+OpenVINO CPU device, a worker lending its ONNX Runtime one): a device actor that dies on a
+live node is restarted and warmed, and its device readmitted, without the node counting as
+lost; a device call that hangs times out, the breaker counts it, and the request is answered
+elsewhere. Run by ``make test-ray``."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, wait
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from hetero.framework.cluster.ray_cluster import RAY_BACKEND, disconnect
+from hetero.framework.cluster.remote_lanes import RayModelHost
+from hetero.framework.engine import Engine
+from hetero.framework.engine.graph_stage import GraphStage
+from hetero.framework.policy import Policy, load_policy_text
+from hetero.framework.registry import default_registry
+from hetero.framework.scheduler.breakers import BreakerState
+from hetero.framework.stage_plugin import GraphRunner
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_ray_cluster import (  # the cluster's shapes, one source
+    ONNXRUNTIME,
+    OPENVINO,
+    matmul_graph,
+    node_args,
+    short,
+    until,
+)
+
+POLICY = """\
+version: 1
+devices: {{allow: [npu]}}
+cluster: {{engine: ray, address: "{address}", heartbeat_s: 0.5, call_timeout_s: {timeout}}}
+stages:
+  encode:
+    modality: text
+    variants:
+      full: {{flops_per_item: 1 MFLOPS, bytes_per_item: 10 kB, resident_bytes: 1 MB,
+             max_batch: 4, max_delay_ms: 1}}
+pipelines:
+  one: {{steps: [{{stage: encode}}]}}
+routes: {{/one: one}}
+scheduler: {{placement: round_robin}}
+circuit_breaker:
+  device: {{window: {window}, min_calls: {min_calls}, error_rate: 0.5, open_s: 600}}
+qos:
+  default_class: standard
+  classes: {{standard: {{weight: 1, sla_tier: t, queue_bound: 1024}}}}
+sla_tiers: {{t: {{deadline_ms: 120000}}}}
+"""
+RNG = np.random.default_rng(11)
+# 32-byte outputs: answered inline, none kept on a device actor. (A request whose final output
+# was kept by an actor that then died fails with InputLostError: the engine does not make a
+# final output again; see docs/cluster.md.)
+W1 = RNG.standard_normal((16, 4)).astype(np.float32)
+GRAPHS = {"encode/full": matmul_graph("encode", W1, "x", "h", relu=True)}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The head (OpenVINO) and one worker (ONNX Runtime)."""
+    cluster = Cluster(initialize_head=True, head_node_args=node_args(OPENVINO))
+    cluster.add_node(**node_args(ONNXRUNTIME))
+    cluster.wait_for_nodes()
+    yield cluster
+    disconnect()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def policy_for(cluster: Cluster, timeout_s: float, window: int, min_calls: int) -> Policy:
+    text = POLICY.format(
+        address=cluster.address, timeout=timeout_s, window=window, min_calls=min_calls
+    )
+    return load_policy_text(text, "healing.yaml")
+
+
+def submit(engine: Engine, count: int) -> list[tuple[np.ndarray, Future[Any]]]:
+    inputs = [RNG.standard_normal((2, 16)).astype(np.float32) for _ in range(count)]
+    return [(x, engine.submit("/one", {"x": x})) for x in inputs]
+
+
+def settle(submitted: list[tuple[np.ndarray, Future[Any]]]) -> list[Any]:
+    """Every request's result, checked (none may fail)."""
+    wait([future for _, future in submitted])
+    results = [future.result() for _, future in submitted]
+    for (x, _), result in zip(submitted, results, strict=True):
+        np.testing.assert_allclose(
+            result.outputs["encode"]["h"], np.maximum(x @ W1, 0), rtol=1e-3, atol=1e-3
+        )
+    return results
+
+
+def test_a_killed_device_actor_restarts_warm_and_its_device_takes_work_again(
+    cluster: Cluster,
+) -> None:
+    # a breaker that a few failed in-flight batches do not open
+    policy = policy_for(cluster, timeout_s=60, window=40, min_calls=20)
+    worker = short(str(next(iter(cluster.worker_nodes)).node_id))
+    on_worker = f"{ONNXRUNTIME}@{worker}"
+    with Engine(policy, default_registry(), {"encode/full": GRAPHS["encode/full"]}) as engine:
+        first = settle(submit(engine, 8))  # round robin: both devices serve
+        assert on_worker in {r.devices["encode"] for r in first}
+        host = engine.models[on_worker]
+        assert isinstance(host, RayModelHost)
+        actor = host.actor
+        pid = ray.get(actor.pid.remote())
+        in_flight = submit(engine, 40)
+        ray.kill(actor, no_restart=False)  # the process dies; Ray restarts the actor
+        killed = time.monotonic()
+        later = submit(engine, 40)
+        settle(in_flight + later)  # 0 failed: every request answered, each output right
+        backend = engine.backends[RAY_BACKEND]
+        # the device is back once its actor restarted and took its stage and model again
+        assert until(lambda: host.restarts == 1 and backend.health(on_worker) is None, 60)
+        back_s = time.monotonic() - killed
+        print(f"\nkilled actor's device readmitted after {back_s:.1f} s")
+        assert host.actor is actor  # restarted by Ray: the same named actor, a new process
+        assert ray.get(actor.pid.remote()) != pid
+        assert ray.get(actor.resident.remote("encode/full"))  # warmed before readmission
+        # a lost node would have taken the device out for good, with "left" as the reason
+        assert all("left" not in (backend.health(d.id) or "") for d in engine.fleet.devices)
+        for _ in range(200):  # the device takes work again
+            wave = settle(submit(engine, 4))
+            if any(r.devices["encode"] == on_worker for r in wave):
+                break
+        else:
+            raise AssertionError("the restarted device never took work again")
+
+
+class HangingStage(GraphStage):
+    """``encode`` whose runs on one node hang (sleep) while a flag file exists."""
+
+    def __init__(self, node_id: str, flag: pathlib.Path) -> None:
+        super().__init__("encode", {"full": GRAPHS["encode/full"]})
+        self.node_id = node_id
+        self.flag = str(flag)
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        here = ray.get_runtime_context().get_node_id()
+        if here == self.node_id and pathlib.Path(self.flag).exists():
+            time.sleep(30)  # a hung device: longer than the call timeout
+        return super().run(runner, variant, payloads)
+
+
+def test_a_hanging_device_call_times_out_opens_the_breaker_and_loses_nothing(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    policy = policy_for(cluster, timeout_s=2, window=4, min_calls=2)
+    worker_node = next(iter(cluster.worker_nodes))
+    on_worker = f"{ONNXRUNTIME}@{short(str(worker_node.node_id))}"
+    flag = tmp_path / "hang"
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        stage = HangingStage(str(worker_node.node_id), flag)
+        with Engine(policy, default_registry(), plugins={"encode": stage}) as engine:
+            settle(submit(engine, 8))  # the control: both devices serve, nothing hangs
+            flag.touch()
+            breaker = engine.scheduler.breaker("encode", on_worker)
+            results: list[Any] = []
+            for _ in range(20):  # waves until the worker's timeouts open its breaker
+                results += settle(submit(engine, 4))  # 0 lost: the hung ones ran elsewhere
+                if breaker.state is BreakerState.OPEN:
+                    break
+            assert breaker.state is BreakerState.OPEN
+            assert all(r.devices["encode"] != on_worker for r in results)
+            # a timeout is the breaker's business, not a lost node or a dead actor
+            assert engine.backends[RAY_BACKEND].health(on_worker) is None
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
