@@ -28,12 +28,14 @@ from hetero.sandbox.runtimes import (
 )
 
 __all__ = [
+    "TEE_DEVICES",
     "IsolationUnsatisfiableError",
     "PartitionCheck",
     "SandboxReport",
     "build_runtimes",
     "check_policy",
     "choose_runtime",
+    "tee_devices",
 ]
 
 
@@ -60,6 +62,22 @@ def build_runtimes(config: SandboxConfig, state_dir: Path | None = None) -> list
     return list(made.values())
 
 
+# Device nodes of a confidential-computing host or guest (AMD SEV, Intel TDX and SGX, Hygon CSV)
+TEE_DEVICES = (
+    "/dev/sev",
+    "/dev/sev-guest",
+    "/dev/tdx_guest",
+    "/dev/tdx-guest",
+    "/dev/sgx_enclave",
+    "/dev/csv-guest",
+)
+
+
+def tee_devices() -> list[str]:
+    """The TEE device nodes present on this host."""
+    return [device for device in TEE_DEVICES if Path(device).exists()]
+
+
 def choose_runtime(
     partition_name: str,
     partition: PartitionConfig,
@@ -68,6 +86,19 @@ def choose_runtime(
 ) -> SandboxRuntime:
     """The runtime for ``partition``; :class:`IsolationUnsatisfiableError` if none qualifies."""
     required = IsolationLevel.parse(partition.isolation)
+    if required is IsolationLevel.TEE:
+        devices = tee_devices()
+        here = (
+            f"this host has {', '.join(devices)}, but no sandbox runtime hetero drives starts "
+            "a confidential VM or enclave"
+            if devices
+            else f"no TEE on this host (none of {', '.join(TEE_DEVICES)})"
+        )
+        raise IsolationUnsatisfiableError(
+            f"partition {partition_name!r} requires tee isolation and will not run on anything "
+            f"weaker: {here}; its stages are not served and its keys go to attested "
+            "sandboxes only"
+        )
     found = availability or {r.name: r.availability() for r in runtimes}
     missing: list[str] = []
     for runtime in runtimes:

@@ -486,7 +486,7 @@ class PartitionConfig(_Frozen):
     classification: Classification
     cipher: Literal["AES-256-GCM", "SM4-GCM"]
     key: Annotated[StrictStr, Field(pattern=r"^(file|pkcs11):.+")]
-    isolation: Literal["vm", "container", "process"]
+    isolation: Literal["tee", "vm", "container", "process"]
     retention_days: PositiveInt | None = None
     roles: tuple[Name, ...] = Field(min_length=1)
     attribute_rules: tuple[AttributeRule, ...] = ()

@@ -29,15 +29,18 @@ class IsolationLevel(enum.IntEnum):
     """How strongly a runtime separates a workload from the host (a partition names the least
     it accepts). ``vm``: its own guest kernel; ``container``: namespaces, cgroups, seccomp and a
     user namespace on the host kernel (gVisor adds a user-space kernel but is not a VM);
-    ``process``: namespaces without enforced limits."""
+    ``process``: namespaces without enforced limits; ``tee``: a confidential VM or enclave
+    whose memory the host cannot read, proven by hardware attestation (no runtime here gives
+    it: a partition that requires it fails closed)."""
 
     PROCESS = 1
     CONTAINER = 2
     VM = 3
+    TEE = 4
 
     @classmethod
     def parse(cls, name: str) -> IsolationLevel:
-        """``"vm"``, ``"container"`` or ``"process"``."""
+        """``"tee"``, ``"vm"``, ``"container"`` or ``"process"``."""
         return cls[name.upper()]
 
     @property
