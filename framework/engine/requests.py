@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 from hetero.framework.scheduler.tasks import OutputHandle, StageTask
 from hetero.framework.stages import Pipeline
 
-__all__ = ["EngineResult", "RequestState", "StepTrace"]
+__all__ = ["EngineResult", "RequestState", "StepTrace", "settle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +93,19 @@ class RequestState:
     def done(self) -> bool:
         """Every sink step has its output."""
         return all(sink in self.outputs for sink in self.pipeline.sinks)
+
+
+def settle(
+    future: Future[EngineResult],
+    *,
+    result: EngineResult | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Complete a future unless the caller already cancelled it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+    except InvalidStateError:
+        pass  # the caller cancelled it; the request's work was dropped with it

@@ -154,7 +154,7 @@ def test_a_generation_refused_at_submission_leaves_no_unretrieved_future() -> No
 
     try:
         assert runtime.engine is not None
-        runtime.engine.submit_stage = refuse  # type: ignore[method-assign]
+        runtime.engine.submit_graph = refuse  # type: ignore[method-assign]
         asyncio.run(chat())
     finally:
         runtime.close()

@@ -260,7 +260,8 @@ def test_a_chat_with_an_image_is_one_request_graph(
     calls: dict[str, int] = {"graphs": 0, "stages": 0, "headers": 0, "prompts": 0}
     admitted: dict[str, Any] = {}
     queued: dict[str, float] = {}
-    submit_graph, submit_stage, admit = engine.submit_graph, engine.submit_stage, engine.admit
+    submit_graph, submit_stage = engine.submit_graph, engine.submit_stage
+    admit = engine.admitter.admit
     enqueue, image_size = engine.scheduler.enqueue, pipelines.image_size
     llm = runtime.stage_of_kind("llm_generate").plugin
     count_prompt = llm.chat_prompt_tokens
@@ -282,7 +283,7 @@ def test_a_chat_with_an_image_is_one_request_graph(
 
     monkeypatch.setattr(engine, "submit_graph", counting("graphs", submit_graph))
     monkeypatch.setattr(engine, "submit_stage", counting("stages", submit_stage))
-    monkeypatch.setattr(engine, "admit", admitting)
+    monkeypatch.setattr(engine.admitter, "admit", admitting)
     monkeypatch.setattr(engine.scheduler, "enqueue", enqueueing)
     monkeypatch.setattr(pipelines, "image_size", counting("headers", image_size))
     monkeypatch.setattr(llm, "chat_prompt_tokens", counting("prompts", count_prompt))

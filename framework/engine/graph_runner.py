@@ -1,0 +1,487 @@
+"""The request graph's way in: access checks, feature-cache lookups before admission,
+admission of every stage, registration, and each step queued once its inputs are ready (its
+payload given, composed from its dependencies' outputs, or a bare graph's arrays merged)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hetero.framework.engine.graph_stage import GraphStage
+from hetero.framework.engine.request_graph import GraphNode, RequestGraph
+from hetero.framework.engine.requests import EngineResult, RequestState
+from hetero.framework.engine.status import (
+    CACHE_DEVICE,
+    AccessRefusedError,
+)
+from hetero.framework.errors import (
+    QueueFullError,
+    RequestTimeoutError,
+    ShedError,
+    UnknownRouteError,
+)
+from hetero.framework.scheduler import (
+    OutputHandle,
+    RequestProfile,
+    StageTask,
+)
+from hetero.framework.sizes import nbytes_of
+from hetero.framework.stage_plugin import StagePlugin
+from hetero.framework.stages import Pipeline, PipelineStep
+
+if TYPE_CHECKING:
+    from hetero.framework.engine.engine import Engine
+
+__all__ = ["GraphRunner"]
+
+logger = logging.getLogger(__name__)
+_request_ids = itertools.count(1)
+
+
+class GraphRunner:
+    """Starts requests and queues their steps as they become ready."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def submit(
+        self,
+        route: str,
+        payload: Mapping[str, Any],
+        *,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+        principal: Any = None,
+    ) -> Future[EngineResult]:
+        """Start a request on a policy route; its future holds the sink steps' outputs.
+        Cancelling the future cancels the request.
+
+        Raises:
+            UnknownRouteError: the policy has no such route.
+            PermissionError: a step touches a partition and the gate refused (or there is no
+                gate); nothing was queued.
+            ShedError: admission refused it (``status`` 429, ``retry_after_s``), or the engine
+                is shutting down (503).
+            KeyError: unknown QoS class.
+        """
+        spec = self.engine.policy.spec
+        if route not in spec.routes:
+            raise UnknownRouteError(route, tuple(sorted(spec.routes)))
+        pipeline = self.engine.policy.pipeline_for_route(route)
+        payload = {name: np.asarray(value) for name, value in payload.items()}
+        return self._submit(route, pipeline, payload, qos_class, profile, principal, None, None)
+
+    def submit_stage(
+        self,
+        stage: str,
+        payload: Any,
+        *,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+        principal: Any = None,
+        variant: str | None = None,
+        request_id: str | None = None,
+    ) -> Future[EngineResult]:
+        """Run one stage on one payload (what its plugin takes); the future's
+        ``outputs[stage]`` is the plugin's result and ``devices[stage]`` where it ran.
+        ``variant`` skips admission's choice (the caller already chose); ``request_id`` (the
+        caller's, e.g. the HTTP request's) prefixes the engine's id, which the access gate
+        records. A one-step :meth:`submit_graph`."""
+        if stage not in self.engine.plugins:
+            raise UnknownRouteError(stage, tuple(sorted(self.engine.plugins)))
+        if profile is None:  # the plugin measures it, cheaply (its pace is kept per unit)
+            profile = self.engine.admitter.profile(stage, payload)
+        node = GraphNode(stage, payload=payload, profile=profile)
+        graph = RequestGraph(
+            stage,
+            {stage: node},
+            qos_class=qos_class,
+            principal=principal,
+            request_id=request_id,
+            variant=variant,
+        )
+        return self.submit_graph(graph)
+
+    def submit_graph(self, graph: RequestGraph) -> Future[EngineResult]:
+        """Start a request graph; its future holds the outputs of the steps marked
+        ``answer`` (masked for the principal where a stage touches a partition), where each
+        step ran and which the feature cache answered. Cancelling the future cancels the
+        request.
+
+        In order: access checks for every step that touches a partition; the feature cache
+        for first steps with a key (a request answered whole by the cache is never queued);
+        admission of every other step (its variant, the class's deadline behind the queue,
+        the principal's fair share of each stage); then every step whose inputs are ready is
+        queued, the others as their dependencies finish.
+
+        Raises:
+            UnknownRouteError: a step names a stage the engine does not run.
+            PermissionError: a step touches a partition and the gate refused; nothing queued.
+            ShedError: admission refused it (429 with ``retry_after_s``) or the engine is
+                shutting down (503).
+            KeyError: unknown QoS class.
+        """
+        nodes = graph.nodes
+        for node in nodes.values():
+            if node.stage not in self.engine.plugins:
+                raise UnknownRouteError(node.stage, tuple(sorted(self.engine.plugins)))
+        pipeline = self._pipeline_of(graph)
+        spec = self.engine.policy.spec
+        qos = graph.qos_class or spec.qos.default_class
+        if qos not in spec.qos.classes:
+            classes = ", ".join(sorted(spec.qos.classes))
+            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
+        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        number = next(_request_ids)
+        request_id = f"{graph.request_id}:{number}" if graph.request_id else f"req-{number}"
+        principal = graph.principal
+        self._authorize(pipeline, graph.name, principal, request_id)
+        if self.engine._stopping:
+            raise ShedError("engine is shutting down", status=503)
+        hits = self._lookup(graph)
+        variants: dict[str, str] = {}
+        reasons: dict[str, str] = {}
+        units = 0.0
+        by_stage: dict[str, list[str]] = {}
+        for step in pipeline.order:
+            if step not in hits:
+                by_stage.setdefault(nodes[step].stage, []).append(step)
+        for stage, steps in by_stage.items():  # once per stage, for all its steps' items
+            units = max(units, *(self.engine.admitter.units(nodes[step].profile) for step in steps))
+            if graph.variant is not None:
+                variants.update(dict.fromkeys(steps, graph.variant))
+                continue
+            plugin = self.engine.plugins[stage]
+            items = sum(self._items(plugin, nodes[step]) for step in steps)
+            profile = max(
+                (nodes[step].profile for step in steps),
+                key=self.engine.admitter.units,
+            )
+            variant, reason = self.engine.admitter.admit(
+                stage, qos, profile, items=items, principal=principal
+            )
+            variants.update(dict.fromkeys(steps, variant))
+            reasons.update(dict.fromkeys(steps, reason))
+        now = self.engine.clock.now()
+        future: Future[EngineResult] = Future()
+        state = RequestState(
+            request_id=request_id,
+            route=graph.name,
+            pipeline=pipeline,
+            payload=None,
+            qos_class=qos,
+            variant=graph.variant or "full",
+            arrival=now,
+            deadline=now + deadline_s,
+            future=future,
+            units=units,
+            principal=principal,
+            variants=variants,
+            reasons=reasons,
+            step_units={
+                step: self.engine.admitter.units(node.profile) for step, node in nodes.items()
+            },
+            payloads={s: n.payload for s, n in nodes.items() if n.compose is None},
+            composers={s: n.compose for s, n in nodes.items() if n.compose is not None},
+            answer=tuple(step for step in pipeline.order if nodes[step].answer),
+        )
+        for step, (value, tier) in hits.items():
+            state.outputs[step] = OutputHandle(CACHE_DEVICE, value, nbytes_of(value))
+            state.devices[step] = CACHE_DEVICE
+            state.cached[step] = tier
+        for step, variant in variants.items():
+            key_of = nodes[step].cache_key
+            if key_of is not None and self.engine.features is not None:
+                state.keys[step] = key_of(variant)
+        return self.start(state, principal)
+
+    def _pipeline_of(self, graph: RequestGraph) -> Pipeline:
+        """The graph's steps as a checked DAG; a one-step graph's is made once per stage."""
+        nodes = graph.nodes
+        if len(nodes) == 1:
+            step, node = next(iter(nodes.items()))
+            if step == node.stage and not node.after:
+                pipeline = self.engine._single.get(step)
+                if pipeline is None:
+                    pipeline = self.engine._single[step] = Pipeline(
+                        step, {step: PipelineStep(step)}
+                    )
+                return pipeline
+        steps = {step: PipelineStep(node.stage, node.after) for step, node in nodes.items()}
+        return Pipeline(graph.name, steps)
+
+    @staticmethod
+    def _items(plugin: StagePlugin, node: GraphNode) -> int:
+        if node.items is not None:
+            return node.items
+        return plugin.items(node.payload) if node.payload is not None else 1
+
+    def _lookup(self, graph: RequestGraph) -> dict[str, tuple[Any, str]]:
+        """First steps the feature cache answers, by step: (value, tier)."""
+        hits: dict[str, tuple[Any, str]] = {}
+        if self.engine.features is None or graph.variant not in (None, "full"):
+            return hits
+        for step, node in graph.nodes.items():
+            if node.cache_key is None or node.after:
+                continue
+            try:
+                value, tier = self.engine.features.lookup(node.stage, node.cache_key("full"))
+            except Exception as err:  # the cache never fails a request: a miss
+                logger.warning("cache lookup for %s failed: %s", node.stage, err)
+                continue
+            if value is not None and tier is not None:
+                hits[step] = (value, tier)
+        return hits
+
+    def start(
+        self, state: RequestState, principal: Any, shares: tuple[str, ...] | None = None
+    ) -> Future[EngineResult]:
+        """Register a request and queue its ready steps; answered at once when nothing is
+        left to run. The principal holds a share of each stage in ``shares`` (by default of
+        every stage admission judged) until the request ends."""
+        future = state.future
+        who = getattr(principal, "name", None)
+        if shares is None:
+            shares = tuple(
+                dict.fromkeys(state.pipeline.steps[step].stage for step in state.variants)
+            )
+        with self.engine._lock:
+            if self.engine._stopping:
+                raise ShedError("engine is shutting down", status=503)
+            self.engine._requests[state.request_id] = state
+            if who is not None:
+                for stage in shares:
+                    state.holders.append((stage, str(who)))
+                    self.engine._shares.hold(stage, str(who))
+            try:
+                self.enqueue_ready(state)
+            except ShedError as err:
+                self.end(state)
+                stage = state.pipeline.steps[state.pipeline.order[0]].stage
+                self.engine.metrics.shed.labels(stage, "queue_full").inc()
+                self.engine.metrics.outcomes.labels(state.route, "shed").inc()
+                if isinstance(err, QueueFullError):
+                    err.retry_after_s = max(
+                        self.engine.policy.spec.server.retry_after_s,
+                        self.engine.admitter.queue_delay_s(stage),
+                    )
+                raise
+            answered = state.done()  # every step came from the cache
+            if answered:
+                self.end(state)
+        if answered:
+            self.engine.metrics.outcomes.labels(state.route, "ok").inc()
+            future.set_result(self.engine.outcomes.result(state))
+            return future
+        future.add_done_callback(lambda done: self._caller_cancelled(done, state.request_id))
+        self.engine.dispatcher.kick()
+        return future
+
+    def _submit(
+        self,
+        route: str,
+        pipeline: Pipeline,
+        payload: Any,
+        qos_class: str | None,
+        profile: RequestProfile | None,
+        principal: Any,
+        variant: str | None,
+        caller_id: str | None,
+    ) -> Future[EngineResult]:
+        spec = self.engine.policy.spec
+        qos = qos_class or spec.qos.default_class
+        if qos not in spec.qos.classes:
+            classes = ", ".join(sorted(spec.qos.classes))
+            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
+        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        number = next(_request_ids)
+        request_id = f"{caller_id}:{number}" if caller_id else f"req-{number}"
+        self._authorize(pipeline, route, principal, request_id)
+        if self.engine._stopping:
+            raise ShedError("engine is shutting down", status=503)
+        first = pipeline.steps[pipeline.order[0]].stage
+        if variant is None:
+            plugin = self.engine.plugins.get(first)
+            items = plugin.items(payload) if plugin is not None else 1
+            variant, _ = self.engine.admitter.admit(
+                first, qos, profile, items=items, principal=principal
+            )
+        now = self.engine.clock.now()
+        future: Future[EngineResult] = Future()
+        state = RequestState(
+            request_id=request_id,
+            route=route,
+            pipeline=pipeline,
+            payload=payload,
+            qos_class=qos,
+            variant=variant,
+            arrival=now,
+            deadline=now + deadline_s,
+            future=future,
+            units=self.engine.admitter.units(profile),
+            principal=principal,
+        )
+        return self.start(state, principal, (first,))
+
+    def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
+        for step in pipeline.order:
+            stage = pipeline.steps[step].stage
+            partition = self.engine.policy.spec.stages[stage].partition
+            if partition is None:
+                continue
+            if self.engine.gate is None:
+                raise AccessRefusedError(
+                    f"route {route}: stage {stage!r} touches partition {partition!r} and this "
+                    "engine has no compliance gate"
+                )
+            self.engine.gate.authorize(principal, stage, request_id)
+
+    def run(
+        self,
+        route: str,
+        payload: Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        qos_class: str | None = None,
+        profile: RequestProfile | None = None,
+    ) -> EngineResult:
+        """Submit and wait; on timeout the request's remaining work is cancelled."""
+        future = self.submit(route, payload, qos_class=qos_class, profile=profile)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeoutError:
+            request_id = self._request_of(future)
+            if request_id is not None and self.cancel(request_id):
+                raise RequestTimeoutError(request_id, timeout or 0.0) from None
+            return future.result()  # it finished while the timeout was being handled
+
+    def _request_of(self, future: Future[EngineResult]) -> str | None:
+        with self.engine._lock:
+            return next(
+                (rid for rid, s in self.engine._requests.items() if s.future is future), None
+            )
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request: queued steps are dropped, running ones finish and are ignored."""
+        with self.engine._lock:
+            state = self.engine._requests.get(request_id)
+            if state is None:
+                return False
+            self.end(state)
+        state.future.cancel()
+        self.engine.metrics.outcomes.labels(state.route, "cancelled").inc()
+        return True
+
+    def _caller_cancelled(self, future: Future[EngineResult], request_id: str) -> None:
+        if future.cancelled():
+            self.cancel(request_id)
+
+    def end(self, state: RequestState) -> None:
+        """Forget a request that ended and drop its queued steps (lock held)."""
+        if self.engine._requests.pop(state.request_id, None) is not None:
+            for holder in state.holders:
+                self.engine._shares.release(*holder)
+        for task in state.live_tasks.values():
+            self.engine.scheduler.cancel(task)
+        state.live_tasks.clear()
+
+    def enqueue_ready(self, state: RequestState) -> None:
+        """Queue every step whose inputs are ready, answering from the cache where it can
+        (lock held)."""
+        now = self.engine.clock.now()
+        stages = self.engine.policy.spec.stages
+        progressed = True
+        while progressed:  # a cached step can make the next one ready at once
+            progressed = False
+            for step in state.ready_steps():
+                stage = state.pipeline.steps[step].stage
+                variant = state.variants.get(step) or (
+                    state.variant if state.variant in stages[stage].variants else "full"
+                )
+                cached = self._cached(state, step, stage, variant)
+                if cached is not None:
+                    size = sum(int(np.asarray(v).nbytes) for v in cached.values())
+                    state.outputs[step] = OutputHandle(CACHE_DEVICE, cached, size)
+                    state.devices[step] = CACHE_DEVICE
+                    progressed = True
+                    continue
+                inputs = self.step_inputs(state, step)
+                plugin = self.engine.plugins.get(stage)  # none: placement rejects it, with reasons
+                task = StageTask(
+                    request_id=state.request_id,
+                    stage=stage,
+                    step=step,
+                    variant=variant,
+                    qos_class=state.qos_class,
+                    arrival=state.arrival,
+                    deadline=state.deadline,
+                    inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
+                    items=plugin.items(inputs) if plugin is not None else 1,
+                    units=state.step_units.get(step, state.units),
+                    enqueued_at=now,
+                )
+                self.engine.scheduler.enqueue(task)
+                state.live_tasks[task.id] = task
+
+    def step_inputs(self, state: RequestState, step: str) -> Any:
+        """A step's payload: the request's for a first step; for a bare graph after others,
+        its dependencies' output arrays merged and filtered to the graph's input names; for a
+        plugin after others, the dependencies' outputs by step."""
+        if step in state.payloads:
+            return state.payloads[step]
+        compose = state.composers.pop(step, None)
+        if compose is not None:  # once, when its dependencies are done
+            done = {
+                dep: self.engine._fetched(state.outputs[dep].value)
+                for dep in state.pipeline.after_of[step]
+            }
+            state.payloads[step] = compose(done)
+            return state.payloads[step]
+        deps = state.pipeline.steps[step].after
+        payload = {dep: state.outputs[dep].value for dep in deps} if deps else state.payload
+        plugin = self.engine.plugins.get(state.pipeline.steps[step].stage)
+        if not isinstance(plugin, GraphStage):
+            return payload
+        arrays: dict[str, Any] = dict(payload) if not deps else {}
+        for dep in deps:
+            arrays.update(state.outputs[dep].value)
+        names = plugin.graphs(state.variant)["main"].input_names
+        return {n: arrays[n] for n in names if n in arrays} if names else arrays
+
+    def _cache_identity(self, stage: str, variant: str) -> tuple[str, str, str, str | None]:
+        config = self.engine.policy.spec.stages[stage]
+        return stage, config.model_version, variant, config.partition
+
+    def _cached(self, state: RequestState, step: str, stage: str, variant: str) -> Any:
+        if self.engine.cache is None or not isinstance(self.engine.plugins.get(stage), GraphStage):
+            return None
+        try:
+            inputs = self.engine._fetched(self.step_inputs(state, step))
+            return self.engine.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
+        except Exception as err:  # the cache never fails a request: a miss
+            logger.warning("cache lookup for %s failed: %s", stage, err)
+            return None
+
+    def offer(self, task: StageTask, inputs: Any, outputs: Any, key: Any = None) -> None:
+        if key is not None and self.engine.features is not None:
+            try:
+                self.engine.features.put(task.stage, key, self.engine._fetched(outputs))
+            except Exception as err:  # the cache never fails a request
+                logger.warning("caching %s failed: %s", task.stage, err)
+            return
+        if self.engine.cache is None or not isinstance(self.engine.plugins[task.stage], GraphStage):
+            return
+        try:
+            self.engine.cache.put_outputs(
+                *self._cache_identity(task.stage, task.variant),
+                self.engine._fetched(inputs),
+                self.engine._fetched(outputs),
+            )
+        except Exception as err:
+            logger.warning("caching %s failed: %s", task.stage, err)

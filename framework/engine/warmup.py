@@ -1,0 +1,190 @@
+"""Warm-up: prepare and set up each plugin stage, time it on every device that can run it
+(calibration), tell the scheduler what it costs there, and load it where it runs best."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hetero.framework.engine.status import (
+    Progress,
+    describe_failure,
+)
+from hetero.framework.errors import (
+    NoEligibleDeviceError,
+)
+from hetero.framework.graph import GraphFormat
+from hetero.framework.stage_plugin import combined_hint
+
+if TYPE_CHECKING:
+    from hetero.framework.engine.engine import Engine
+
+__all__ = ["WarmUp"]
+
+logger = logging.getLogger(__name__)
+PROBE_RUNS = 2
+
+
+class WarmUp:
+    """Brings the engine's plugin stages up, one after another."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def run(
+        self,
+        stages: list[str] | None = None,
+        progress: Progress | None = None,
+        *,
+        stop: threading.Event | None = None,
+    ) -> dict[str, str]:
+        """Prepare, set up, calibrate and place every plugin stage (or ``stages``), one after
+        another; a stage that fails is recorded (``status[stage].reason``) and skipped.
+        Returns the failures by stage."""
+        report = progress or (lambda stage, message: None)
+        failed: dict[str, str] = {}
+        for stage in stages if stages is not None else list(self.engine.plugins):
+            if self.engine._stopping or (stop is not None and stop.is_set()):
+                break
+            status = self.engine.status[stage]
+            if status.state == "ready":
+                continue
+            status.state = "loading"
+            report(stage, "loading")
+            try:
+                where = self._warm_stage(stage, report)
+            except Exception as err:
+                status.state, status.reason = "failed", describe_failure(err)
+                failed[stage] = status.reason
+                logger.error("stage %s failed to load: %s", stage, status.reason)
+                report(stage, f"failed: {status.reason}")
+                continue
+            status.state = "ready"
+            report(stage, f"ready on {where}")
+        return failed
+
+    def _warm_stage(self, stage: str, report: Progress) -> str:
+        plugin = self.engine.plugins[stage]
+        plugin.prepare()
+        plugin.setup()
+        self.set_hints(stage)
+        candidates = self.engine.scheduler.runnable_devices(stage)
+        if not candidates:
+            reasons = self.engine.scheduler.tables[f"{stage}/full"].costs.why_not
+            why = {d.id: r for d, r in zip(self.engine.fleet.devices, reasons, strict=True) if r}
+            raise NoEligibleDeviceError(stage, why)
+        key = f"{stage}/full"
+        probe = plugin.probe_payload() if self.engine.probe and len(candidates) > 1 else None
+        timings = self.engine.status[stage].timings
+        errors: dict[str, Exception] = {}
+        if probe is not None:
+            for device_id in candidates:
+                report(stage, f"timing on {device_id}")
+                try:
+                    timings[device_id] = self._time(stage, device_id, probe)
+                except Exception as err:
+                    errors[device_id] = err
+                    timings[device_id] = f"unavailable: {describe_failure(err)}"
+                    logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
+                    self.engine.models[device_id].evict(key)
+                    self.engine._unfit[(stage, device_id)] = str(timings[device_id])
+            if errors:  # placement leaves out the devices that could not run it
+                self.set_hints(stage)
+            measured = [d for d in candidates if d not in errors]
+            if not measured:
+                causes = {describe_failure(err) for err in errors.values()}
+                if len(causes) == 1:  # the same cause everywhere: that is the reason
+                    raise next(iter(errors.values()))
+                raise RuntimeError("; ".join(f"{d}: {timings[d]}" for d in candidates))
+            candidates = measured
+        best = min(candidates, key=lambda d: self.engine.scheduler.estimate_s(stage, "full", d))
+        for device_id in candidates:  # timed devices give their copy back; the best keeps it
+            if device_id != best:
+                self.engine.models[device_id].evict(key)
+        self._preload(stage, best)
+        if self.engine.probe and best not in timings and self.engine.models[best].resident(key):
+            self._seed_pace(stage, best)
+        return best
+
+    def _seed_pace(self, stage: str, device_id: str) -> None:
+        """Time the probe on the one device a stage has, so admission knows its pace before
+        the first request (a burst arriving at once is judged, not admitted blind)."""
+        probe = self.engine.plugins[stage].probe_payload()
+        if probe is None:
+            return
+        try:
+            self.engine.status[stage].timings[device_id] = self._time(stage, device_id, probe)
+        except Exception as err:  # the first request will measure it instead
+            logger.warning("stage %s: timing on %s failed: %s", stage, device_id, err)
+
+    def set_hints(self, stage: str) -> None:
+        """Cost ``stage`` by its plugin's graphs (the one source of its numbers), and
+        recompute where it can run."""
+        plugin = self.engine.plugins[stage]
+        formats = plugin.formats or (GraphFormat.ONNX,)
+        for variant in self.engine.policy.spec.stages[stage].variants:
+            hint = combined_hint(plugin.graphs(str(variant), formats[0]))
+            with self.engine._lock:
+                self.engine.scheduler.set_hint(stage, str(variant), hint)
+        for device in self.engine.fleet.devices:
+            self._fit_device(stage, device.id)
+
+    def _fit_device(self, stage: str, device_id: str) -> None:
+        """Tell the scheduler how ``stage`` runs on ``device_id`` when that differs from its
+        hint: runs at once (an engine with continuous batching) and the memory its graphs in
+        that device's format hold (an engine's KV cache)."""
+        graph_format = self.engine.format_for(stage, device_id)
+        plugin = self.engine.plugins[stage]
+        if graph_format is None or not plugin.formats:
+            return
+        backend = self.engine.backends[self.engine._device_by_id[device_id].backend]
+        slots = backend.run_slots(device_id, graph_format)
+        resident = None
+        if graph_format is not plugin.formats[0]:
+            resident = combined_hint(plugin.graphs("full", graph_format)).resident_bytes
+        if slots != 1 or resident is not None:
+            with self.engine._lock:
+                self.engine.scheduler.set_device_fit(
+                    stage, device_id, slots=slots, resident_bytes=resident
+                )
+
+    def _time(self, stage: str, device_id: str, probe: Any) -> float:
+        """Load ``stage`` on ``device_id``, run the probe (the first run pays for lazy
+        initialisation), and feed the best of the timed runs to the cost model."""
+        plugin = self.engine.plugins[stage]
+        key = f"{stage}/full"
+        graph_format = self.engine.format_for(stage, device_id)
+        assert graph_format is not None
+        host, threads = self.engine.models[device_id], self.engine._threads.get(stage, 0)
+        samples = []
+        for run in range(PROBE_RUNS + 1):
+            ran = host.run_batch(plugin, key, graph_format, threads, [probe])
+            (result,) = ran.results
+            if isinstance(result, BaseException):
+                raise result
+            if run:
+                samples.append(ran.run_s)  # timed where it ran, as the lanes time batches
+        seconds = min(samples)
+        units = self.engine.admitter.units(self.engine.admitter.profile(stage, probe))
+        with self.engine._lock:
+            self.engine.scheduler.calibrate(stage, device_id, seconds, plugin.items(probe))
+            self.engine.status[stage].pace("full").seed(seconds, plugin.items(probe), units)
+        return seconds
+
+    def _preload(self, stage: str, device_id: str) -> None:
+        """Make ``stage`` resident on ``device_id`` if its memory allows (a warm start never
+        evicts); otherwise the first request loads it."""
+        key = f"{stage}/full"
+        with self.engine._lock:
+            fits = self.engine.scheduler.preload(device_id, key)
+        if not fits:
+            logger.info("stage %s: not preloaded on %s (memory budget)", stage, device_id)
+            self.engine.models[device_id].evict(key)
+            return
+        graph_format = self.engine.format_for(stage, device_id)
+        assert graph_format is not None
+        self.engine.models[device_id].load(
+            self.engine.plugins[stage], key, graph_format, self.engine._threads.get(stage, 0)
+        )
+        self.engine.metrics.loads.labels(stage, device_id).inc()

@@ -1,0 +1,156 @@
+"""Request graphs through the real engine (placement, lanes, admission, queues) on this host's
+devices: steps of a level run together, a step's input is composed from its dependencies'
+outputs, the feature cache answers first steps before admission, and a step whose input
+cannot be composed ends its request, not the engine.
+
+The stage plugins here are test doubles (they load no model: they return what they were
+given), so the tests judge the engine's orchestration only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from hetero.framework.engine import Engine, GraphNode, RequestGraph
+from hetero.framework.errors import InvalidInputError
+from hetero.framework.graph import ComputeGraph, GraphFormat
+from hetero.framework.policy import load_policy_text
+from hetero.framework.registry import Registry
+from hetero.framework.stage_plugin import GraphRunner, StagePlugin
+
+POLICY = """version: 1
+stages:
+  left: {modality: text, variants: {full: {flops_per_item: 1 MFLOPS, bytes_per_item: 1 KB}}}
+  right: {modality: text, variants: {full: {flops_per_item: 1 MFLOPS, bytes_per_item: 1 KB}}}
+  join: {modality: text, variants: {full: {flops_per_item: 1 MFLOPS, bytes_per_item: 1 KB}}}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: silver}}
+sla_tiers: {silver: {deadline_ms: 60000}}
+cache: {enabled: false}
+"""
+
+
+class Echo(StagePlugin):
+    """Returns ``(its stage, the payload)``; ``running`` lists the stages that ran."""
+
+    name = "echo"
+
+    def __init__(self, stage: str, running: list[str]) -> None:
+        self.stage = stage
+        self.running = running
+
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {}
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        self.running.append(self.stage)
+        return [(self.stage, payload) for payload in payloads]
+
+
+class DictStore:
+    """A feature store in a dict (the protocol the server's cache adapter implements)."""
+
+    def __init__(self) -> None:
+        self.values: dict[Any, Any] = {}
+        self.lookups = 0
+
+    def lookup(self, stage: str, key: Any) -> tuple[Any, str | None]:
+        self.lookups += 1
+        value = self.values.get((stage, key))
+        return (value, "memory") if value is not None else (None, None)
+
+    def put(self, stage: str, key: Any, value: Any) -> None:
+        self.values[(stage, key)] = value
+
+
+@pytest.fixture
+def engine() -> Any:
+    running: list[str] = []
+    plugins = {name: Echo(name, running) for name in ("left", "right", "join")}
+    store = DictStore()
+    with Engine(
+        load_policy_text(POLICY, "graph.yaml"), Registry(), plugins=plugins, features=store
+    ) as running_engine:
+        running_engine.warm_up()
+        yield running_engine, store, running
+
+
+def _graph(compose: Any, key: str = "k") -> RequestGraph:
+    return RequestGraph(
+        "join-both",
+        {
+            "a": GraphNode("left", payload="x", cache_key=lambda variant: (key, variant)),
+            "b": GraphNode("right", payload="y", answer=False),
+            "c": GraphNode("join", after=("a", "b"), compose=compose),
+        },
+    )
+
+
+def test_a_step_is_composed_from_its_dependencies_outputs(engine: Any) -> None:
+    running_engine, _, _ = engine
+    result = running_engine.submit_graph(_graph(lambda done: sorted(done.items()))).result(
+        timeout=30
+    )
+    assert set(result.outputs) == {"a", "c"}  # b is not answered: it only fed c
+    assert result.outputs["a"] == ("left", "x")
+    assert result.outputs["c"] == ("join", [("a", ("left", "x")), ("b", ("right", "y"))])
+    assert set(result.devices) == {"a", "b", "c"}
+    assert {step.step for step in result.steps} == {"a", "b", "c"}
+    queued = {step.step: step.queued_at for step in result.steps}
+    ended = {s.step: s.started_at + s.load_s + s.run_s for s in result.steps}
+    assert queued["c"] >= max(ended["a"], ended["b"])  # queued once both were done
+
+
+def test_a_first_step_the_cache_answers_is_not_admitted_or_queued(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running_engine, store, running = engine
+    first = running_engine.submit_graph(_graph(lambda done: "joined")).result(timeout=30)
+    assert first.cached == {}
+    assert store.values  # the step with a key was filled after it ran
+    admitted: list[str] = []
+    admit = running_engine.admitter.admit
+
+    def counting(stage: str, *args: Any, **kwargs: Any) -> Any:
+        admitted.append(stage)
+        return admit(stage, *args, **kwargs)
+
+    monkeypatch.setattr(running_engine.admitter, "admit", counting)
+    running.clear()
+    again = running_engine.submit_graph(_graph(lambda done: "joined")).result(timeout=30)
+    assert again.cached == {"a": "memory"}
+    assert again.devices["a"] == "cache"
+    assert again.outputs["a"] == ("left", "x")
+    assert sorted(admitted) == ["join", "right"]  # the cache answered left before admission
+    assert sorted(running) == ["join", "right"]
+
+
+def test_a_step_whose_input_cannot_be_composed_ends_its_request_only(engine: Any) -> None:
+    running_engine, _, _ = engine
+
+    def refuse(done: Mapping[str, Any]) -> Any:
+        raise InvalidInputError("the prompt is over the limit")
+
+    with pytest.raises(InvalidInputError, match="over the limit"):
+        running_engine.submit_graph(_graph(refuse, key="other")).result(timeout=30)
+    after = running_engine.submit_graph(_graph(lambda done: "fine", key="third"))
+    assert after.result(timeout=30).outputs["c"] == ("join", "fine")
+
+
+def test_a_cycle_is_refused_before_anything_runs(engine: Any) -> None:
+    running_engine, _, running = engine
+    graph = RequestGraph(
+        "loop",
+        {
+            "a": GraphNode("left", after=("b",), compose=lambda done: "a"),
+            "b": GraphNode("right", after=("a",), compose=lambda done: "b"),
+        },
+    )
+    with pytest.raises(ValueError, match="cycl"):
+        running_engine.submit_graph(graph)
+    assert running == []
