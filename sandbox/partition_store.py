@@ -53,13 +53,32 @@ class PartitionStore:
             )
         return self.directory / object_id
 
-    def _subject_tag(self, subject: str) -> str:
+    def _salt(self) -> bytes:
         salt_path = self.meta_directory / ".salt"
         if not salt_path.exists():
-            descriptor = os.open(salt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                descriptor = os.open(salt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another writer made it first
+                return salt_path.read_bytes()
             with os.fdopen(descriptor, "wb") as handle:
                 handle.write(os.urandom(32))
-        return hmac.new(salt_path.read_bytes(), subject.encode(), hashlib.sha256).hexdigest()
+        return salt_path.read_bytes()
+
+    def _subject_tag(self, subject: str) -> str:
+        return hmac.new(self._salt(), subject.encode(), hashlib.sha256).hexdigest()
+
+    def keyed_id(self, prefix: str, data: bytes, subject: str | None) -> str:
+        """An object id fixed by the content and the data subject (keyed with the partition's
+        salt, so it reveals neither): storing the same input for the same subject again
+        names the same object instead of adding a copy."""
+        tag = "-" if subject is None else self._subject_tag(subject)
+        content = hashlib.blake2b(data, digest_size=32).hexdigest()
+        keyed = hmac.new(self._salt(), f"{tag}:{content}".encode(), hashlib.sha256)
+        return f"{prefix}-{keyed.hexdigest()[:40]}"
+
+    def exists(self, object_id: str) -> bool:
+        """Whether the partition holds ``object_id``."""
+        return self._path(object_id).is_file()
 
     def put(
         self, object_id: str, data: bytes, *, subject: str | None = None, now: float | None = None

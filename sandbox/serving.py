@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,11 +34,22 @@ from hetero.sandbox.runtimes import SandboxRuntime
 from hetero.sandbox.sandboxed_worker import SandboxedWorker, WorkerLimits
 from hetero.sandbox.selection import build_runtimes, choose_runtime
 
-__all__ = ["SandboxedStage", "SandboxedStages", "build_gate"]
+__all__ = ["SandboxedStage", "SandboxedStages", "SubjectData", "build_gate"]
 
 FIRST_HOST_UID = 100_000
 UID_RANGE = 65_536
 SANDBOXED_KINDS = ("ocr", "asr")
+
+
+@dataclass(frozen=True, slots=True)
+class SubjectData:
+    """A sensitive input with the data subject (the person it is about), so that erasure by
+    subject (``hetero sandbox erase --subject``) reaches the sealed copy the server stores.
+    The server builds it from the request; plain ``bytes`` inputs are stored with no subject.
+    """
+
+    data: bytes
+    subject: str | None = None
 
 
 def build_gate(policy: Policy) -> ComplianceGate:
@@ -139,6 +151,7 @@ class SandboxedStage(StagePlugin):
         self.device_ids = (sandbox_device(store.partition),)
         self._loaded = False
         self._lock = threading.Lock()
+        self._store_lock = threading.Lock()
 
     @property
     def formats(self) -> tuple[GraphFormat, ...]:
@@ -189,20 +202,36 @@ class SandboxedStage(StagePlugin):
             self._loaded = False
             self.owner.gate.record("sandbox_stop", partition=self.store.partition, stage=self.stage)
 
-    def _run(self, data: bytes, variant: str) -> dict[str, Any]:
-        object_id = f"{self.stage}-{uuid.uuid4().hex}"
-        self.store.put(object_id, data)
-        self.owner.gate.record(
-            "key_use", partition=self.store.partition, object=object_id, op="seal+unwrap"
+    def _store(self, data: bytes, subject: str | None) -> str:
+        """Seal ``data`` into the partition with its data subject; the object id. A retained
+        input stored again for the same subject is the same object (one sealed copy, not one
+        per repeat); one that is not retained gets a fresh id and is deleted after use."""
+        if not self.retain:
+            object_id = f"{self.stage}-{uuid.uuid4().hex}"
+        else:
+            object_id = self.store.keyed_id(self.stage, data, subject)
+            if self.store.exists(object_id):
+                return object_id
+        self.store.put(object_id, data, subject=subject)
+        return object_id
+
+    def _run(self, payload: bytes | SubjectData, variant: str) -> dict[str, Any]:
+        data, subject = (
+            (payload.data, payload.subject) if isinstance(payload, SubjectData) else (payload, None)
         )
-        try:
-            return self.worker.process(object_id, variant)
-        finally:
-            if not self.retain:
-                self.store.delete(object_id)
+        with self._store_lock:  # a repeat must not replace the object a call is reading
+            object_id = self._store(data, subject)
+            self.owner.gate.record(
+                "key_use", partition=self.store.partition, object=object_id, op="seal+unwrap"
+            )
+            try:
+                return self.worker.process(object_id, variant)
+            finally:
+                if not self.retain:
+                    self.store.delete(object_id)
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
-        """Each payload (image or audio bytes) runs inside the sandbox; results are what the
-        stage's model gives (``{"text", "lines"}`` for OCR, ``{"text", "duration_s",
-        "speech_s"}`` for speech)."""
+        """Each payload (image or audio bytes, or :class:`SubjectData`) runs inside the
+        sandbox; results are what the stage's model gives (``{"text", "lines"}`` for OCR,
+        ``{"text", "duration_s", "speech_s"}`` for speech)."""
         return each(lambda data: self._run(data, variant), payloads)
