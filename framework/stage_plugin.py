@@ -78,6 +78,9 @@ class Generation:
     on_piece: Callable[[str], None] = lambda piece: None
     stop: threading.Event = field(default_factory=threading.Event)
     stop_sequences: tuple[str, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+    """The prompt's token ids, made once where the request was read (None: the plugin
+    tokenizes ``messages`` itself)."""
 
 
 class StagePlugin(abc.ABC):

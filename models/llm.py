@@ -89,6 +89,12 @@ class TextGenerator(ModelStage):
         """Tokens of the chat prompt for ``messages``, with the template and the assistant turn."""
         return len(self._prompt_ids(messages))
 
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """The chat prompt's token ids for ``messages`` (checked as :meth:`generate` checks
+        them): made once where a request is read, they travel in its
+        :class:`Generation` (``prompt_ids``) so the prompt is not tokenized again."""
+        return self._prompt_ids(messages)
+
     def generate(
         self,
         messages: Sequence[Mapping[str, str]],
@@ -116,6 +122,10 @@ class TextGenerator(ModelStage):
         return Generation([{"role": "user", "content": "Say hi."}], max_tokens=4)
 
     def profile(self, payload: Any) -> RequestProfile:
+        """The prompt's tokens (counted, when the request carries its ids; else about one
+        per four characters) plus the most it may generate."""
+        if payload.prompt_ids is not None:
+            return RequestProfile(text_tokens=len(payload.prompt_ids) + payload.max_tokens)
         characters = sum(len(str(m.get("content", ""))) for m in payload.messages)
         return RequestProfile(text_tokens=characters // 4 + payload.max_tokens)
 
@@ -131,7 +141,9 @@ class TextGenerator(ModelStage):
 
     def _generate_on(self, engine: TextEngine, variant: str, job: Generation) -> dict[str, Any]:
         """One generation as one request to a vLLM engine (its loop, sampling and stops)."""
-        max_tokens, prompt = self._checked(job.messages, variant, job.max_tokens, job.temperature)
+        max_tokens, prompt = self._checked(
+            job.messages, variant, job.max_tokens, job.temperature, job.prompt_ids
+        )
         sampling = SamplingSpec(
             max_tokens=max_tokens,
             temperature=job.temperature,
@@ -152,7 +164,13 @@ class TextGenerator(ModelStage):
     def _generate(self, runner: GraphRunner, variant: str, job: Generation) -> dict[str, Any]:
         pieces: list[str] = []
         stream = self._stream(
-            runner, job.messages, variant, job.max_tokens, job.temperature, job.seed
+            runner,
+            job.messages,
+            variant,
+            job.max_tokens,
+            job.temperature,
+            job.seed,
+            job.prompt_ids,
         )
         scan = StopScan(job.stop_sequences)
         stopped = hit = False
@@ -229,10 +247,11 @@ class TextGenerator(ModelStage):
         max_tokens: int,
         temperature: float,
         seed: int | None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> Generator[str, None, None]:
         """Check the request, then decode on the runner's native torch module (checks run
         before the first piece is asked for: the caller sees bad input at once)."""
-        max_tokens, prompt = self._checked(messages, variant, max_tokens, temperature)
+        max_tokens, prompt = self._checked(messages, variant, max_tokens, temperature, prompt_ids)
         return self._decode(runner, prompt, max_tokens, temperature, seed)
 
     def _checked(
@@ -241,8 +260,10 @@ class TextGenerator(ModelStage):
         variant: str,
         max_tokens: int,
         temperature: float,
+        prompt_ids: Sequence[int] | None = None,
     ) -> tuple[int, list[int]]:
-        """The request's token budget (the light variant's cap applied) and prompt ids."""
+        """The request's token budget (the light variant's cap applied) and prompt ids (those
+        given, made once where the request was read, else the messages tokenized)."""
         self._check_variant(variant)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens}")
@@ -250,7 +271,7 @@ class TextGenerator(ModelStage):
             raise ValueError(f"temperature must not be negative, got {temperature}")
         if variant == "light":
             max_tokens = min(max_tokens, LIGHT_MAX_TOKENS)
-        prompt = self._prompt_ids(messages)
+        prompt = list(prompt_ids) if prompt_ids is not None else self._prompt_ids(messages)
         if len(prompt) + max_tokens > self._context:
             raise InvalidInputError(
                 f"prompt of {len(prompt)} tokens plus {max_tokens} new ones is over the "

@@ -214,7 +214,8 @@ def _step(
 
     def compose(done: Mapping[str, Any]) -> Generation:
         messages = build(done)
-        tokens = int(stage.plugin.chat_prompt_tokens(messages))
+        ids = list(stage.plugin.chat_prompt_ids(messages))
+        tokens = len(ids)
         if tokens > rt.limits.max_input_tokens:
             raise APIError(
                 400,
@@ -222,10 +223,13 @@ def _step(
                 code="context_length_exceeded",
             )
         counted["prompt_tokens"] = tokens
-        return Generation(messages, inputs.max_tokens)
+        return Generation(messages, inputs.max_tokens, prompt_ids=tuple(ids))
 
-    profile = RequestProfile(text_tokens=inputs.max_tokens)
-    return Step(stage, after=after, compose=compose, profile=profile)
+    try:  # the plugin's measure; the prompt is not known until the steps before are done
+        planned = stage.plugin.profile(Generation([], inputs.max_tokens))
+    except Exception:
+        planned = None
+    return Step(stage, after=after, compose=compose, profile=planned)
 
 
 def _shown(kind: str, value: Any, counted: Mapping[str, int]) -> Any:

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.openapi import json_body, multipart_body
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, context_of, image_steps
-from hetero.framework.server.serving import ServedStage, Serving, StageRun, Step
+from hetero.framework.server.serving import PromptBuilder, ServedStage, Serving, StageRun, Step
 
 __all__ = ["router"]
 
@@ -87,7 +87,7 @@ async def list_models(request: Request, caller: CallerDep) -> dict[str, Any]:
 
 def _chat_messages(
     rt: Serving, body: ChatRequest, stage: ServedStage, counted: dict[str, int]
-) -> tuple[dict[str, Step], Callable[[Mapping[str, Any]], list[dict[str, str]]]]:
+) -> tuple[dict[str, Step], PromptBuilder]:
     """The steps that look at the request's images (vision and OCR of each, read once), and
     how the LLM's messages are built once they are done (each image replaced by what they
     saw), their tokens counted once into ``counted["prompt_tokens"]``."""
@@ -124,7 +124,7 @@ def _chat_messages(
             parts.append((prefix,))
         turns.append((message.role, parts))
 
-    def build(done: Mapping[str, Any]) -> list[dict[str, str]]:
+    def build(done: Mapping[str, Any]) -> tuple[list[dict[str, str]], list[int]]:
         messages = [
             {
                 "role": role,
@@ -141,14 +141,16 @@ def _chat_messages(
                 entry["role"] = "system"
             elif entry["role"] == "tool":
                 entry["role"] = "user"
-        counted["prompt_tokens"] = _prompt_tokens(stage, rt.limits.max_input_tokens, messages)
-        return messages
+        ids = _prompt_ids(stage, rt.limits.max_input_tokens, messages)
+        counted["prompt_tokens"] = len(ids)
+        return messages, ids
 
     return steps, build
 
 
-def _prompt_tokens(stage: ServedStage, limit: int, messages: list[dict[str, str]]) -> int:
-    """The prompt's tokens, counted once; 400 when over ``limit``."""
+def _prompt_ids(stage: ServedStage, limit: int, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt's token ids, made once (the plugin generates from them); 400 when over
+    ``limit``."""
     characters = sum(len(str(m.get("content", ""))) for m in messages)
     if characters > CHARS_PER_TOKEN_BOUND * limit:
         raise APIError(  # certainly over the limit: refuse before tokenizing
@@ -157,7 +159,8 @@ def _prompt_tokens(stage: ServedStage, limit: int, messages: list[dict[str, str]
             param="messages",
             code="context_length_exceeded",
         )
-    tokens = int(stage.plugin.chat_prompt_tokens(messages))
+    ids = list(stage.plugin.chat_prompt_ids(messages))
+    tokens = len(ids)
     if tokens > limit:
         raise APIError(
             400,
@@ -165,7 +168,7 @@ def _prompt_tokens(stage: ServedStage, limit: int, messages: list[dict[str, str]
             param="messages",
             code="context_length_exceeded",
         )
-    return tokens
+    return ids
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
@@ -187,8 +190,9 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
     counted: dict[str, int] = {}
     images, build = _chat_messages(rt, body, stage, counted)
     source: Any = build  # with images, the prompt is known (and counted) once they are seen
+    ids = None
     if not images:
-        source = await asyncio.to_thread(build, {})
+        source, ids = await asyncio.to_thread(build, {})
     pieces, summary, run = await rt.generate(
         source,
         caller=caller,
@@ -196,7 +200,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
         temperature=body.temperature,
         seed=body.seed,
         request_id=request_id,
-        prompt_tokens=counted.get("prompt_tokens", 0),
+        prompt_ids=ids,
         stop=body.stop_sequences(),
         before=images,
     )

@@ -50,6 +50,7 @@ from hetero.framework.stage_plugin import Generation, StagePlugin, stage_kind, s
 
 __all__ = [
     "GraphAnswer",
+    "PromptBuilder",
     "SandboxProvider",
     "ServedStage",
     "Serving",
@@ -62,6 +63,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CACHED_KINDS = frozenset({"vision_encode", "ocr", "asr", "text_embed"})
+PromptBuilder = Callable[[Mapping[str, Any]], tuple[list[dict[str, str]], Sequence[int] | None]]
+"""Builds an LLM step's messages (and their token ids, when counted) from the outputs of the
+steps before it."""
 LLM_STEP = "llm_generate"  # the generating step of a request graph that ends in generation
 Progress = Callable[[str, str], None]
 
@@ -689,14 +693,14 @@ class Serving:
 
     async def generate(
         self,
-        messages: Sequence[Mapping[str, str]] | Callable[[Mapping[str, Any]], list[dict[str, str]]],
+        messages: Sequence[Mapping[str, str]] | PromptBuilder,
         *,
         caller: Caller,
         max_tokens: int,
         temperature: float = 0.0,
         seed: int | None = None,
         request_id: str | None = None,
-        prompt_tokens: int = 0,
+        prompt_ids: Sequence[int] | None = None,
         stop: tuple[str, ...] = (),
         before: Mapping[str, Step] | None = None,
     ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
@@ -720,7 +724,7 @@ class Serving:
                 job.stop.set()
 
         job = Generation([], max_tokens, temperature, seed, on_piece, stop_sequences=stop)
-        steps = _generation_steps(stage, job, messages, before or {}, prompt_tokens)
+        steps = _generation_steps(stage, job, messages, before or {}, prompt_ids)
         tickets = self._tickets(steps, caller)
         try:
             started = self._start(stage.name, steps, tickets, caller, request_id)
@@ -825,9 +829,9 @@ async def _stream(
 def _generation_steps(
     stage: ServedStage,
     job: Generation,
-    messages: Sequence[Mapping[str, str]] | Callable[[Mapping[str, Any]], list[dict[str, str]]],
+    messages: Sequence[Mapping[str, str]] | PromptBuilder,
     before: Mapping[str, Step],
-    prompt_tokens: int,
+    prompt_ids: Sequence[int] | None,
 ) -> dict[str, Step]:
     """The steps of a request that ends in generating ``job``: those ``before`` (not
     answered: their outputs only feed the prompt), then the LLM's."""
@@ -836,14 +840,17 @@ def _generation_steps(
         build = messages
 
         def compose(done: Mapping[str, Any]) -> Generation:
-            job.messages = build(done)
+            job.messages, ids = build(done)
+            job.prompt_ids = tuple(ids) if ids is not None else None
             return job
 
         llm = Step(stage, after=tuple(upstream), compose=compose)
     else:
         job.messages = list(messages)
         llm = Step(stage, job, after=tuple(upstream))
-    llm.profile = RequestProfile(text_tokens=prompt_tokens + job.max_tokens)
+    if prompt_ids is not None:
+        job.prompt_ids = tuple(prompt_ids)
+    llm.profile = _profile_of(stage, job)  # the plugin's: the one admission and placement see
     return {**upstream, LLM_STEP: llm}
 
 
@@ -853,6 +860,15 @@ def _content(texts: Sequence[str]) -> bytes:
     if len(texts) == 1:
         return texts[0].encode()
     return b"".join(len(t.encode()).to_bytes(8, "little") + t.encode() for t in texts)
+
+
+def _profile_of(stage: ServedStage, payload: Any) -> RequestProfile | None:
+    """The plugin's measure of ``payload`` (None when it cannot tell)."""
+    try:
+        profile: RequestProfile | None = stage.plugin.profile(payload)
+    except Exception:  # a payload it cannot measure is judged by the run itself
+        return None
+    return profile
 
 
 def _retried(tickets: Mapping[str, Ticket], error: BaseException) -> dict[str, Ticket] | None:

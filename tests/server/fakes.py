@@ -158,7 +158,10 @@ class FakeLlm(_Fake):
         return len(text.split())
 
     def chat_prompt_tokens(self, messages: Sequence[Mapping[str, str]]) -> int:
-        return sum(len(m.get("content", "").split()) + 4 for m in messages)
+        return len(self.chat_prompt_ids(messages))
+
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return list(range(sum(len(m.get("content", "").split()) + 4 for m in messages)))
 
 
 FAKE_STAGES: dict[str, Any] = {

@@ -249,8 +249,9 @@ def test_a_chat_with_an_image_is_one_request_graph(
     traced: Any, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One ``Engine.submit_graph`` (no per-stage submits): vision and OCR queued together,
-    the LLM queued when both are done; the image header read once, the prompt counted once,
-    and admission and placement judge each step by the same profile."""
+    the LLM queued when both are done; the image header read once, the prompt tokenized once
+    (the plugin generates from those ids), and admission and placement judge each step by
+    the same profile."""
     from hetero.framework.server import pipelines
 
     server, app = traced
@@ -264,7 +265,7 @@ def test_a_chat_with_an_image_is_one_request_graph(
     admit = engine.admitter.admit
     enqueue, image_size = engine.scheduler.enqueue, pipelines.image_size
     llm = runtime.stage_of_kind("llm_generate").plugin
-    count_prompt = llm.chat_prompt_tokens
+    tokenize = llm._prompt_ids  # every tokenization of a prompt, the plugin's own included
 
     def counting(name: str, call: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -286,7 +287,7 @@ def test_a_chat_with_an_image_is_one_request_graph(
     monkeypatch.setattr(engine.admitter, "admit", admitting)
     monkeypatch.setattr(engine.scheduler, "enqueue", enqueueing)
     monkeypatch.setattr(pipelines, "image_size", counting("headers", image_size))
-    monkeypatch.setattr(llm, "chat_prompt_tokens", counting("prompts", count_prompt))
+    monkeypatch.setattr(llm, "_prompt_ids", counting("prompts", tokenize))
     trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
     page = base64.b64encode(text_page_png(["ONE GRAPH"])).decode()  # not cached yet
     body = {
