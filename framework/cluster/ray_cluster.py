@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 RAY_BACKEND = "ray"
 TELEMETRY_WAIT_S = 5.0  # how long reading a node's device telemetry may take
+DISCOVERY_WAIT_S = 60.0  # how long connecting waits for the nodes' agents to report devices
 AGENT_CONCURRENCY = 16  # lanes of one node's devices run side by side, as threads do locally
 
 
@@ -207,44 +209,68 @@ class RayCluster:
         self.config = config
         self.backend = RayBackend(self)
         self._agents: dict[str, Any] = {}
+        # nodes whose agent has not reported yet: agent, its devices() call, lent, since when
+        self._pending: dict[str, tuple[Any, Any, set[str], float]] = {}
+        self._slow: set[str] = set()  # pending nodes already warned about
         self._lock = threading.Lock()
-        self.refresh()
+        self.refresh(DISCOVERY_WAIT_S)
 
-    def refresh(self) -> list[DeviceSpec]:
-        """Start agents on alive nodes that have none yet; the devices they bring."""
+    def refresh(self, wait_s: float = 0.0) -> list[DeviceSpec]:
+        """Start agents on alive nodes that have none yet; the devices of every node whose
+        agent has reported, waiting at most ``wait_s`` for them. The heartbeat waits for none:
+        a node whose discovery hangs (a hung GPU) blocks nothing, and joins when it answers."""
         ray = _ray()
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         actor = ray.remote(NodeAgent)
         with self._lock:
-            fresh = {}
-            lent: dict[str, set[str]] = {}
             for node in ray.nodes():
                 node_id = node["NodeID"]
-                if node["Alive"] and node_id not in self._agents:
-                    lent[node_id] = {
+                if node["Alive"] and node_id not in self._agents and node_id not in self._pending:
+                    lent = {
                         name for name in node.get("Resources", {}) if name.startswith("hetero/")
                     }
-                    fresh[node_id] = actor.options(
+                    agent = actor.options(
                         num_cpus=0,
                         max_concurrency=AGENT_CONCURRENCY,
                         max_restarts=0,
                         scheduling_strategy=strategy(node_id=node_id, soft=False),
                     ).remote()
-            reports = dict(
-                zip(fresh, ray.get([a.devices.remote() for a in fresh.values()]), strict=True)
-            )
-            self._agents.update(fresh)
+                    self._pending[node_id] = (agent, agent.devices.remote(), lent, time.monotonic())
+            pending = dict(self._pending)
+        if not pending:
+            return []
+        node_of = {call: node_id for node_id, (_, call, _, _) in pending.items()}
+        answered, _ = ray.wait(list(node_of), num_returns=len(node_of), timeout=wait_s)
         added: list[DeviceSpec] = []
-        for node_id, devices in reports.items():
-            reserved = lent[node_id]
+        for call in answered:
+            node_id = node_of[call]
+            agent, _, reserved, _ = pending[node_id]
+            with self._lock:
+                self._pending.pop(node_id, None)
+                self._agents[node_id] = agent  # a node is asked once, whatever it answers
+            try:
+                devices = ray.get(call)
+            except ray.exceptions.RayError as err:  # discovery raised, or the node left
+                logger.warning("ray node %s: no devices: %s", node_id[:12], err)
+                continue
             named = [
                 (_on_node(spec, node_id, bool(reserved)), formats)
                 for spec, formats in devices
                 if not reserved or device_resource(spec.id) in reserved
             ]
-            self.backend.add(node_id, fresh[node_id], named)
+            self.backend.add(node_id, agent, named)
             added.extend(spec for spec, _ in named)
             logger.info("ray node %s: %d devices", node_id[:12], len(named))
+        now, done = time.monotonic(), set(answered)
+        for node_id, (_, call, _, since) in pending.items():
+            if call not in done and now - since > DISCOVERY_WAIT_S and node_id not in self._slow:
+                self._slow.add(node_id)
+                logger.warning(
+                    "ray node %s: its devices are not discovered after %.0f s; it joins "
+                    "once they are",
+                    node_id[:12],
+                    now - since,
+                )
         return added
 
     def agent(self, node_id: str) -> Any:

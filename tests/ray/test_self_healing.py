@@ -2,7 +2,8 @@
 OpenVINO CPU device, a worker lending its ONNX Runtime one): a device actor that dies on a
 live node is restarted and warmed, and its device readmitted, without the node counting as
 lost; a device call that hangs times out, the breaker counts it, and the request is answered
-elsewhere. Run by ``make test-ray``."""
+elsewhere; a joining node whose device discovery hangs blocks nothing and joins when it
+answers. Run by ``make test-ray``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from hetero.framework.cluster import ray_cluster
+from hetero.framework.cluster.agent import NodeAgent
 from hetero.framework.cluster.ray_cluster import RAY_BACKEND, disconnect
 from hetero.framework.cluster.remote_lanes import RayModelHost
 from hetero.framework.engine import Engine
@@ -178,3 +181,61 @@ def test_a_hanging_device_call_times_out_opens_the_breaker_and_loses_nothing(
             assert engine.backends[RAY_BACKEND].health(on_worker) is None
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+class HangingAgent(NodeAgent):
+    """A node agent whose discovery hangs on nodes not in ``known`` while ``flag`` exists (a
+    hung GPU driver), at most ``HANG_LIMIT_S``."""
+
+    known: frozenset[str] = frozenset()
+    flag = ""
+
+    def devices(self) -> Any:
+        here = ray.get_runtime_context().get_node_id()
+        limit = time.monotonic() + HANG_LIMIT_S
+        while here not in self.known and pathlib.Path(self.flag).exists():
+            if time.monotonic() > limit:
+                break
+            time.sleep(0.1)
+        return super().devices()
+
+
+HANG_LIMIT_S = 120.0
+
+
+def test_a_node_whose_discovery_hangs_blocks_nothing_and_joins_once_it_answers(
+    cluster: Cluster, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = policy_for(cluster, timeout_s=60, window=40, min_calls=20)
+    flag = tmp_path / "hang"
+    flag.touch()
+    HangingAgent.known = frozenset(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    HangingAgent.flag = str(flag)
+    monkeypatch.setattr(ray_cluster, "NodeAgent", HangingAgent)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    joined = None
+    try:
+        with Engine(policy, default_registry(), GRAPHS) as engine:
+            settle(submit(engine, 4))
+            joined = cluster.add_node(**node_args(ONNXRUNTIME))
+            cluster.wait_for_nodes()
+            fresh = short(str(joined.node_id))
+            connection = ray_cluster.connect(policy.spec.cluster)
+            # the heartbeat's refresh returns while the node's discovery hangs (it would
+            # wait for HANG_LIMIT_S before), and the engine serves on
+            assert connection.refresh() == []
+            wave = settle(submit(engine, 8))
+            assert all(not r.devices["encode"].endswith(fresh) for r in wave)
+            assert not [d for d in engine.fleet.devices if d.id.endswith(fresh)]
+            flag.unlink()  # the driver answers: the node joins and takes work
+            for _ in range(10_000):
+                wave = settle(submit(engine, 4))
+                if any(r.devices["encode"].endswith(fresh) for r in wave):
+                    break
+            else:
+                raise AssertionError("the node never joined")
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        flag.unlink(missing_ok=True)
+        if joined is not None:
+            cluster.remove_node(joined)
