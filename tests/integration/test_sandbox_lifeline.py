@@ -21,19 +21,20 @@ from hetero.sandbox.keyring import FileKeyring
 from hetero.sandbox.oci_spec import SandboxSpec
 from hetero.sandbox.reaping import reap_leftovers
 from hetero.sandbox.rootfs import busybox_rootfs
-from hetero.sandbox.runtimes import RuncRuntime
+from hetero.sandbox.runtimes import GvisorRuntime, RuncRuntime, SandboxRuntime
 
 SERVER = """
 import sys, time
 from pathlib import Path
 from hetero.sandbox.keyring import FileKeyring
-from hetero.sandbox.runtimes import RuncRuntime
+from hetero.sandbox.runtimes import GvisorRuntime, RuncRuntime
 from hetero.sandbox.sandboxed_worker import SandboxedWorker, WorkerLimits
 
 site = Path(sys.argv[1])
+runtime = {"runc": RuncRuntime, "gvisor": GvisorRuntime}[sys.argv[2]](site / sys.argv[2])
 keyring = FileKeyring(site / "keyring.json")
 worker = SandboxedWorker(
-    RuncRuntime(site / "runc"), "id_cards", site / "partition", keyring, site / "work",
+    runtime, "id_cards", site / "partition", keyring, site / "work",
     limits=WorkerLimits(memory_bytes=96 * 2**20, pids=64),
 ).start()
 print(worker.sandbox_id, flush=True)
@@ -53,11 +54,11 @@ def site() -> Iterator[Path]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def listed(runtime: RuncRuntime) -> list[str]:
+def listed(runtime: SandboxRuntime) -> list[str]:
     return runtime.leftovers()
 
 
-def wait_until_gone(runtime: RuncRuntime, sandbox_id: str, deadline_s: float) -> bool:
+def wait_until_gone(runtime: SandboxRuntime, sandbox_id: str, deadline_s: float) -> bool:
     """Poll the runtime's own list (the condition itself, not a guessed delay)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -67,10 +68,13 @@ def wait_until_gone(runtime: RuncRuntime, sandbox_id: str, deadline_s: float) ->
     return False
 
 
-def test_a_sandbox_dies_with_its_killed_server(site: Path) -> None:
-    runtime = RuncRuntime(site / "runc")
+@pytest.mark.parametrize("name", ["runc", "gvisor"])
+def test_a_sandbox_dies_with_its_killed_server(site: Path, name: str) -> None:
+    if shutil.which("runsc" if name == "gvisor" else "runc") is None:
+        pytest.fail(f"{name} is not installed: `make test` installs it (tools/sysdeps.sh)")
+    runtime = {"runc": RuncRuntime, "gvisor": GvisorRuntime}[name](site / name)
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(site)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SERVER, str(site), name], stdout=subprocess.PIPE, text=True
     )
     try:
         assert server.stdout is not None
