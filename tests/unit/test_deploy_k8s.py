@@ -302,6 +302,37 @@ def test_bad_input_exits_2_with_file_and_line(
     assert "unknown kind 'tpu'" in _fails(capsys, str(gov), "--accelerator", "tpu=1")
     # the Ray cluster's manifests for a policy on the embedded engine
     assert "cluster" in _fails(capsys, str(gov), "--engine", "ray")
+    assert "--name 'Bad_Name'" in _fails(capsys, str(gov), "--name", "Bad_Name")
+    assert "--partition-size '10XB'" in _fails(capsys, str(gov), "--partition-size", "10XB")
+    assert "--workers: at least 1" in _fails(capsys, str(gov), "--workers", "0")
+
+
+def test_paths_outside_home_and_an_api_keys_file(tmp_path: Path) -> None:
+    """Writable folders the policy puts outside HOME live on the state volume (a sub-path
+    each); the API keys file comes from a Secret; a process-isolated partition has no
+    RuntimeClass of its own (the default runtime)."""
+    text = (ROOT / "policies" / "gov-onprem.yaml").read_text()
+    text = text.replace("path: /var/lib/hetero/audit.log", "path: /srv/audit/audit.log")
+    text = text.replace("isolation: container", "isolation: process")
+    text = text.replace(
+        "sandbox:\n", "server:\n  api_keys_file: /etc/hetero/api-keys.yaml\n\nsandbox:\n"
+    )
+    policy = tmp_path / "site.yaml"
+    policy.write_text(text)
+    manifests = _render(tmp_path, policy)
+    _validate_core(manifests)
+    deployments = {d["metadata"]["name"]: d for d in _by_kind(manifests, "Deployment")}
+    (container,) = deployments["hetero"]["spec"]["template"]["spec"]["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/srv/audit"] == {
+        "name": "state",
+        "mountPath": "/srv/audit",
+        "subPath": "srv/audit",
+    }
+    assert mounts["/etc/hetero/api-keys.yaml"]["subPath"] == "api-keys.yaml"
+    assert {r["metadata"]["name"] for r in _by_kind(manifests, "RuntimeClass")} == {"kata"}
+    document = deployments["hetero-sandbox-document-ocr"]["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in document
 
 
 def test_out_folder_rerenders_but_keeps_other_files(
