@@ -3,6 +3,7 @@ a plugin that runs no model, on this host's ONNX Runtime CPU device."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,23 +45,48 @@ class _Echo(StagePlugin):
 
 
 def engine_overhead(requests: int = 3000, warmup: int = 300) -> dict[str, float]:
-    """p50, p99 and mean microseconds from ``submit_stage`` to the result, one at a time."""
+    """p50, p99 and mean microseconds from submitting a one-step request graph to its result,
+    one at a time; and what each further step of a graph adds (a chain of three steps against
+    one, at the p50, measured in the same engine)."""
     from hetero.framework.engine import Engine
 
     policy = load_policy_text(POLICY, "engine-overhead")
     with Engine(policy, Registry(), plugins={"echo": _Echo()}) as engine:
         engine.warm_up()
-        for index in range(warmup):
-            engine.submit_stage("echo", index).result(timeout=10)
-        samples = []
-        for index in range(requests):
-            began = time.perf_counter()
-            engine.submit_stage("echo", index).result(timeout=10)
-            samples.append(time.perf_counter() - began)
-    samples.sort()
+        single = _timed(engine, 1, requests, warmup)
+        chain = _timed(engine, CHAIN, requests // 2, warmup)
     return {
         "requests": requests,
-        "p50_us": round(samples[len(samples) // 2] * 1e6, 1),
-        "p99_us": round(samples[int(0.99 * len(samples))] * 1e6, 1),
-        "mean_us": round(sum(samples) / len(samples) * 1e6, 1),
+        "p50_us": round(single[len(single) // 2] * 1e6, 1),
+        "p99_us": round(single[int(0.99 * len(single))] * 1e6, 1),
+        "mean_us": round(sum(single) / len(single) * 1e6, 1),
+        "further_stage_us": round(
+            (chain[len(chain) // 2] - single[len(single) // 2]) / (CHAIN - 1) * 1e6, 1
+        ),
     }
+
+
+CHAIN = 3  # steps of the chained graph that tells what each further step adds
+
+
+def _timed(engine: Any, steps: int, requests: int, warmup: int) -> list[float]:
+    """Sorted seconds per request of a chain of ``steps`` echo steps."""
+    from hetero.framework.engine import GraphNode, RequestGraph
+
+    def graph(index: int) -> RequestGraph:
+        names = ["echo", *(f"echo{n}" for n in range(1, steps))]  # one step: as submit_stage
+        nodes = {"echo": GraphNode("echo", payload=index)}
+        for before, name in itertools.pairwise(names):
+            nodes[name] = GraphNode(
+                "echo", after=(before,), compose=lambda done: next(iter(done.values()))
+            )
+        return RequestGraph("echo", nodes)
+
+    for index in range(warmup):
+        engine.submit_graph(graph(index)).result(timeout=10)
+    samples = []
+    for index in range(requests):
+        began = time.perf_counter()
+        engine.submit_graph(graph(index)).result(timeout=10)
+        samples.append(time.perf_counter() - began)
+    return sorted(samples)

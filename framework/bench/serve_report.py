@@ -96,9 +96,13 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
         )
     overhead = result["engine_overhead_us"]
     console.print(
-        f"engine per request, no model: p50 {overhead['p50_us']} us, p99 {overhead['p99_us']} us",
+        f"engine per request, no model: p50 {overhead['p50_us']} us, p99 {overhead['p99_us']} us;"
+        f" each further stage of a graph {overhead['further_stage_us']} us",
         highlight=False,
     )
+    load = result.get("load_average")
+    if load:
+        console.print(f"load average (1, 5, 15 min) at the end: {load}", highlight=False)
     for name, goal in result["goals"].items():
         met = {True: "met", False: "missed", None: "n/a"}[goal["met"]]
         console.print(f"{name}: {goal['value']} (goal {goal['goal']}): {met}", highlight=False)

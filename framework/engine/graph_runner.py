@@ -127,49 +127,26 @@ class GraphRunner:
                 shutting down (503).
             KeyError: unknown QoS class.
         """
+        engine = self.engine
         nodes = graph.nodes
+        plugins = engine.plugins
         for node in nodes.values():
-            if node.stage not in self.engine.plugins:
-                raise UnknownRouteError(node.stage, tuple(sorted(self.engine.plugins)))
+            if node.stage not in plugins:
+                raise UnknownRouteError(node.stage, tuple(sorted(plugins)))
         pipeline = self._pipeline_of(graph)
-        spec = self.engine.policy.spec
+        spec = engine.policy.spec
         qos = graph.qos_class or spec.qos.default_class
         if qos not in spec.qos.classes:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
-        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
+        deadline_s = engine.admission.deadline_s(qos)
         number = next(_request_ids)
         request_id = f"{graph.request_id}:{number}" if graph.request_id else f"req-{number}"
         principal = graph.principal
         self._authorize(pipeline, graph.name, principal, request_id)
-        if self.engine._stopping:
+        if engine._stopping:
             raise ShedError("engine is shutting down", status=503)
-        hits = self._lookup(graph)
-        variants: dict[str, str] = {}
-        reasons: dict[str, str] = {}
-        units = 0.0
-        by_stage: dict[str, list[str]] = {}
-        for step in pipeline.order:
-            if step not in hits:
-                by_stage.setdefault(nodes[step].stage, []).append(step)
-        for stage, steps in by_stage.items():  # once per stage, for all its steps' items
-            units = max(units, *(self.engine.admitter.units(nodes[step].profile) for step in steps))
-            if graph.variant is not None:
-                variants.update(dict.fromkeys(steps, graph.variant))
-                continue
-            plugin = self.engine.plugins[stage]
-            items = sum(self._items(plugin, nodes[step]) for step in steps)
-            profile = max(
-                (nodes[step].profile for step in steps),
-                key=self.engine.admitter.units,
-            )
-            variant, reason = self.engine.admitter.admit(
-                stage, qos, profile, items=items, principal=principal
-            )
-            variants.update(dict.fromkeys(steps, variant))
-            reasons.update(dict.fromkeys(steps, reason))
-        now = self.engine.clock.now()
-        future: Future[EngineResult] = Future()
+        hits = self._lookup(graph) if engine.features is not None else {}
         state = RequestState(
             request_id=request_id,
             route=graph.name,
@@ -177,29 +154,65 @@ class GraphRunner:
             payload=None,
             qos_class=qos,
             variant=graph.variant or "full",
-            arrival=now,
-            deadline=now + deadline_s,
-            future=future,
-            units=units,
+            arrival=0.0,
+            deadline=0.0,
+            future=Future(),
             principal=principal,
-            variants=variants,
-            reasons=reasons,
-            step_units={
-                step: self.engine.admitter.units(node.profile) for step, node in nodes.items()
-            },
-            payloads={s: n.payload for s, n in nodes.items() if n.compose is None},
-            composers={s: n.compose for s, n in nodes.items() if n.compose is not None},
-            answer=tuple(step for step in pipeline.order if nodes[step].answer),
         )
+        units_of = engine.admitter.units
+        by_stage: dict[str, list[str]] = {}
+        answer = []
+        for step in pipeline.order:  # one pass: what each step brings
+            node = nodes[step]
+            state.step_units[step] = units_of(node.profile)
+            if node.compose is None:
+                state.payloads[step] = node.payload
+            else:
+                state.composers[step] = node.compose
+            if node.answer:
+                answer.append(step)
+            if step not in hits:
+                by_stage.setdefault(node.stage, []).append(step)
+        state.answer = tuple(answer)
+        for stage, steps in by_stage.items():  # once per stage, for all its steps' items
+            self._admit(state, graph, stage, steps, qos)
         for step, (value, tier) in hits.items():
             state.outputs[step] = OutputHandle(CACHE_DEVICE, value, nbytes_of(value))
             state.devices[step] = CACHE_DEVICE
             state.cached[step] = tier
-        for step, variant in variants.items():
-            key_of = nodes[step].cache_key
-            if key_of is not None and self.engine.features is not None:
-                state.keys[step] = key_of(variant)
+        if engine.features is not None:
+            for step, variant in state.variants.items():
+                key_of = nodes[step].cache_key
+                if key_of is not None:
+                    state.keys[step] = key_of(variant)
+        state.arrival = now = engine.clock.now()
+        state.deadline = now + deadline_s
         return self.start(state, principal)
+
+    def _admit(
+        self, state: RequestState, graph: RequestGraph, stage: str, steps: list[str], qos: str
+    ) -> None:
+        """Admission of ``stage`` for all of ``steps`` at once (their items together, the
+        heaviest's profile); their variant, and why it was degraded."""
+        nodes = graph.nodes
+        state.units = max(state.units, *(state.step_units[step] for step in steps))
+        if graph.variant is not None:
+            state.variants.update(dict.fromkeys(steps, graph.variant))
+            return
+        admitter = self.engine.admitter
+        plugin = self.engine.plugins[stage]
+        if len(steps) == 1:
+            node = nodes[steps[0]]
+            items, profile = self._items(plugin, node), node.profile
+        else:
+            items = sum(self._items(plugin, nodes[step]) for step in steps)
+            profile = max((nodes[step].profile for step in steps), key=admitter.units)
+        variant, reason = admitter.admit(
+            stage, qos, profile, items=items, principal=graph.principal
+        )
+        for step in steps:
+            state.variants[step] = variant
+            state.reasons[step] = reason
 
     def _pipeline_of(self, graph: RequestGraph) -> Pipeline:
         """The graph's steps as a checked DAG; a one-step graph's is made once per stage."""
