@@ -20,6 +20,10 @@ Serving: hetero's server against an in-process loop and a plain FastAPI baseline
 models and a 70/30 embed/vision closed-loop load (``hetero bench serve``); the JSON report goes
 to ``results/serve.json``.
 
+Chat with an image: hetero's one request graph (vision and OCR together, then the LLM) against
+the same stages one after another in process, at concurrency 1, the p50 ratio and each stage's
+p50 (``benchmarks/chat_image_overlap.py``).
+
 npu runtimes: the same reference graphs on OpenVINO (f32) and ONNX Runtime (CPU provider),
 interleaved in one run so machine noise hits both; the ratio is OpenVINO's median latency over
 ONNX Runtime's.
@@ -151,11 +155,19 @@ def bench_serve() -> None:
     print(f"wrote {target}")
 
 
+def bench_chat_image() -> None:
+    """A chat with an image: one request graph against its stages one after another."""
+    import runpy
+
+    runpy.run_path(str(Path(__file__).with_name("chat_image_overlap.py")), run_name="__main__")
+
+
 if __name__ == "__main__":
     bench_npu_runtimes()
     bench_scheduler()
     bench_fleet()
     bench_cache()
     bench_serve()
+    bench_chat_image()
     bench_scenarios()
     bench_tune()
