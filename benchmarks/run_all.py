@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 from hetero.backends.npu import NpuBackend
 from hetero.framework.conformance.reference_graphs import reference_graphs
