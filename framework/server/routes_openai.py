@@ -28,10 +28,12 @@ from hetero.framework.server.bodies import (
 from hetero.framework.server.context import CallerDep, runtime_of
 from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
+from hetero.framework.server.graph_calls import PromptBuilder, Step
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.openapi import json_body, multipart_body
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, context_of, image_steps
-from hetero.framework.server.serving import PromptBuilder, ServedStage, Serving, StageRun, Step
+from hetero.framework.server.served import ServedStage, StageRun
+from hetero.framework.server.serving import Serving
 
 __all__ = ["router"]
 

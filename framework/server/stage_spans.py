@@ -12,7 +12,7 @@ from hetero.framework.engine import StepTrace
 from hetero.framework.tracing import AttributeValue, Span, current_trace
 
 if TYPE_CHECKING:
-    from hetero.framework.server.serving import StageRun
+    from hetero.framework.server.served import StageRun
 
 __all__ = ["StageSpans", "engine_spans"]
 
