@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import fcntl
 import json
 import logging
@@ -30,7 +31,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "AuditLog",
     "Checkpoint",
     "VerifyReport",
+    "append_record",
     "load_or_create_signing_key",
     "parse_anchor",
     "verify",
@@ -250,8 +252,120 @@ def _warn_unless_append_only(path: Path) -> None:
         )
 
 
+def _liveness_path(log: Path) -> Path:
+    return log.with_name(log.name + ".writer")
+
+
+def _open_liveness(log: Path) -> int:
+    return os.open(_liveness_path(log), os.O_RDWR | os.O_CREAT, 0o600)
+
+
+@contextlib.contextmanager
+def _appending(path: Path) -> Iterator[int]:
+    """The log opened for appending, locked against other processes' appends."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield descriptor
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _signed_record(
+    key: Ed25519PrivateKey,
+    algorithm: str,
+    seq: int,
+    prev: str,
+    stamp: float,
+    fields: dict[str, Any],
+) -> dict[str, Any]:
+    record: dict[str, Any] = {"seq": seq, "time": stamp, **fields, "alg": algorithm, "prev": prev}
+    record["hash"] = _digest(algorithm, _canonical(record))
+    record["sig"] = base64.b64encode(key.sign(bytes.fromhex(record["hash"]))).decode()
+    return record
+
+
+def append_record(
+    path: Path,
+    key: Ed25519PrivateKey,
+    kind: str,
+    *,
+    principal: str = "",
+    partition: str = "",
+    decision: str = "",
+    detail: dict[str, Any] | None = None,
+    algorithm: str = "sha256",
+    checkpoint_every: int = 100,
+    anchor: Path | None = None,
+) -> str:
+    """Append one record from a short-lived process (a CLI command) to a log a server may be
+    writing; its hash.
+
+    With no live writer (none holds the log's ``.writer`` lock), the log is opened as its
+    writer (checked, checkpointed and anchored as always) and closed. With one, every record is
+    checked first, the record is appended under the log's lock, and the live writer adopts it
+    and vouches for it at its next checkpoint (every ``checkpoint_interval_s``). A server that
+    starts in the instant between the lock probe and the opening is not seen (then two writers
+    would checkpoint; verify names any break).
+    """
+    fields = {
+        "kind": kind,
+        "principal": principal,
+        "partition": partition,
+        "decision": decision,
+        "detail": detail or {},
+    }
+    probe = _open_liveness(path)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        live = True
+    else:
+        live = False
+    finally:
+        os.close(probe)  # releases the probe's lock
+    if not live:
+        log = AuditLog(
+            path,
+            key,
+            algorithm=algorithm,
+            checkpoint_every=checkpoint_every,
+            checkpoint_interval_s=None,
+            anchor=anchor,
+        )
+        try:
+            return log.append(
+                kind,
+                principal=principal,
+                partition=partition,
+                decision=decision,
+                detail=detail,
+            )
+        finally:
+            log.close()
+    with _appending(path) as descriptor:
+        size = os.fstat(descriptor).st_size
+        lines = os.pread(descriptor, size, 0).decode("utf-8").split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        walk = _walk(lines, key.public_key(), set())
+        if walk.problem:
+            raise AuditError(f"{path}: refusing to append to a broken log: {walk.problem}")
+        record = _signed_record(key, algorithm, walk.count, walk.head, time.time(), fields)
+        _write_all(descriptor, (_line(record) + "\n").encode())
+    return str(record["hash"])
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
+    os.fsync(descriptor)
+
+
 class AuditLog:
-    """Appends signed, chained records and checkpoints them; one writer per file.
+    """Appends signed, chained records and checkpoints them; one writer per file, and one-off
+    records from other processes (:func:`append_record`) adopted under a file lock.
 
     Call :meth:`close` when the process stops: the final checkpoint says nothing followed.
     """
@@ -278,6 +392,10 @@ class AuditLog:
         self._lock = threading.Lock()
         self._count, self._head, self._seq, self._anchored = 0, GENESIS, 0, -1
         self._closed = False
+        # held shared for the writer's life: a one-off writer (append_record) that cannot take
+        # it exclusively knows a live writer will vouch for its record
+        self._liveness = _open_liveness(path)
+        fcntl.flock(self._liveness, fcntl.LOCK_SH)
         created_anchor = anchor is not None and not anchor.exists()
         if anchor is not None and created_anchor:
             if path.exists():
@@ -307,6 +425,7 @@ class AuditLog:
         else:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.close(descriptor)
+        self._end = path.stat().st_size
         if anchor is not None:
             _warn_unless_append_only(anchor)
         with self._lock:
@@ -337,26 +456,24 @@ class AuditLog:
         detail: dict[str, Any] | None = None,
     ) -> str:
         """Write one record; returns its hash."""
-        with self._lock:
-            record: dict[str, Any] = {
-                "seq": self._count,
-                "time": self.clock(),
-                "kind": kind,
-                "principal": principal,
-                "partition": partition,
-                "decision": decision,
-                "detail": detail or {},
-                "alg": self.algorithm,
-                "prev": self._head,
-            }
-            record["hash"] = _digest(self.algorithm, _canonical(record))
-            record["sig"] = base64.b64encode(self.key.sign(bytes.fromhex(record["hash"]))).decode()
-            line = _line(record) + "\n"
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(line)
-                handle.flush()
-                os.fsync(handle.fileno())
+        with self._lock, _appending(self.path) as descriptor:
+            self._catch_up(descriptor)
+            record = _signed_record(
+                self.key,
+                self.algorithm,
+                self._count,
+                self._head,
+                self.clock(),
+                {
+                    "kind": kind,
+                    "principal": principal,
+                    "partition": partition,
+                    "decision": decision,
+                    "detail": detail or {},
+                },
+            )
+            _write_all(descriptor, (_line(record) + "\n").encode())
+            self._end = os.fstat(descriptor).st_size
             self._count += 1
             self._head = record["hash"]
             if self._closed or self._count % self.checkpoint_every == 0:
@@ -365,9 +482,32 @@ class AuditLog:
             return str(record["hash"])
 
     def checkpoint(self) -> Checkpoint:
-        """Write a checkpoint now (the heartbeat calls this every interval)."""
+        """Write a checkpoint now (the heartbeat calls this every interval); it vouches for
+        records other processes appended meanwhile too (:func:`append_record`)."""
         with self._lock:
+            with _appending(self.path) as descriptor:
+                self._catch_up(descriptor)
             return self._checkpoint(final=self._closed)
+
+    def _catch_up(self, descriptor: int) -> None:
+        """Adopt the records another process appended since our last write (checked: chain,
+        hash, signature). Records that do not check out are left for :func:`verify` to name:
+        this writer keeps appending to its own chain, which then shows the break."""
+        size = os.fstat(descriptor).st_size
+        if size <= self._end:
+            self._end = size  # a cut shows as a sequence gap at the next verify
+            return
+        tail = os.pread(descriptor, size - self._end, self._end).decode("utf-8", "replace")
+        lines = tail.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        start = _Walk(count=self._count, head=self._head)
+        walk = _walk(lines, self.key.public_key(), set(), start)
+        if walk.problem:
+            logger.warning(
+                "audit log %s: a record another process appended: %s", self.path, walk.problem
+            )
+        self._count, self._head, self._end = walk.count, walk.head, size
 
     def _checkpoint(self, *, final: bool) -> Checkpoint:
         checkpoint = Checkpoint(self._seq, self._count, self._head, self.clock(), final)
@@ -409,7 +549,11 @@ class AuditLog:
             if self._closed:
                 return
             self._closed = True
+            with _appending(self.path) as descriptor:
+                self._catch_up(descriptor)
             self._checkpoint(final=True)
+            fcntl.flock(self._liveness, fcntl.LOCK_UN)
+            os.close(self._liveness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,8 +613,10 @@ class _Walk:
     line: int | None = None
 
 
-def _walk(lines: list[str], public_key: Ed25519PublicKey, wanted: set[int]) -> _Walk:
-    walk = _Walk()
+def _walk(
+    lines: list[str], public_key: Ed25519PublicKey, wanted: set[int], start: _Walk | None = None
+) -> _Walk:
+    walk = start or _Walk()
     for number, line in enumerate(lines, start=1):
         try:
             record = _parse_line(line)

@@ -73,8 +73,10 @@ def run_sandbox_erase(console: Console, policy_path: str, partition: str, subjec
     console.print(f"erased {len(erased)} object(s) from {partition}", highlight=False)
     for object_id in sorted(erased):
         console.print(f"  {object_id}", highlight=False)
-    cache_config = load_policy(policy_path).spec.cache
+    policy = load_policy(policy_path)
+    cache_config = policy.spec.cache
     digests = sorted({d for d in erased.values() if d is not None})
+    dropped = 0
     if cache_config.enabled and digests:
         from hetero.cache.feature_cache import FeatureCache
 
@@ -84,6 +86,10 @@ def run_sandbox_erase(console: Console, policy_path: str, partition: str, subjec
         finally:
             cache.close()
         console.print(f"dropped {dropped} derived feature-cache entr(ies)", highlight=False)
+    from hetero.sandbox.erasure import audit_erasure
+
+    record = audit_erasure(policy, partition, sorted(erased), dropped)
+    console.print(f"audited: erasure record {record[:16]}", highlight=False)
     return 0
 
 

@@ -304,6 +304,7 @@ def test_sandbox_erase_removes_the_subjects_objects_and_their_cached_features(
         policy_text("container", "[runc]", tmp_path / "keyring.json")
         + f"  partitions_dir: {tmp_path / 'parts'}\n"
         + f"cache: {{redis: {{enabled: false}}, disk: {{path: {tmp_path / 'features'}}}}}\n"
+        + f"audit: {{path: {tmp_path / 'audit.log'}, signing_key: {tmp_path / 'audit.pem'}}}\n"
     )
     spec = load_policy(policy).spec
     keyring = FileKeyring(tmp_path / "keyring.json")
@@ -326,3 +327,7 @@ def test_sandbox_erase_removes_the_subjects_objects_and_their_cached_features(
     cache = FeatureCache(spec.cache)
     assert cache.get(derived) is None and cache.get(kept) == {"text": "kept"}
     cache.close()
+    (record,) = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    assert record["kind"] == "erasure" and record["partition"] == "id_cards"
+    assert record["detail"]["objects"] == ["front"] and record["detail"]["cache_entries"] == 1
+    assert "11010519491231002X" not in (tmp_path / "audit.log").read_text()
