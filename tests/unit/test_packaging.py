@@ -88,6 +88,8 @@ def test_built_wheel_contains_every_subpackage(tmp_path: Path) -> None:
         assert f"hetero/{sub}/__init__.py" in names, sub
     for policy in ("default.yaml", "gov-onprem.yaml", "sim/8xa100.yaml", "sim/mixed-fleet.yaml"):
         assert f"hetero/policies/{policy}" in names, policy
+    for root in ("amd_milan.pem", "intel_sgx_root_ca.der", "hygon_hrk.cert"):  # pinned roots
+        assert f"hetero/sandbox/attestation/roots/{root}" in names, root
     assert "hetero/__init__.py" not in names
     assert not any(
         name.split("/")[0] in {"framework", "cache", "sandbox", "backends"} for name in names
