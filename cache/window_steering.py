@@ -19,11 +19,14 @@ treats that count as a fair coin's tosses:
 - otherwise it stays, except that after 8 periods with the very same hits a smaller window is
   tried (else a window grown by a recency phase would never learn that it can shrink).
 
-The last period's verdict also breaks admission ties (:class:`MemoryTier`): on a recency stream
-the newer entry wins a tie. A step is 6.25 % of the budget (Caffeine's initial step); a period
-is half the shadow's entries in sampled requests (at least 64). The sample share is fixed when
-the tier first fills, so that the shadow holds about ``TARGET`` entries: small tiers are shadowed
-whole, large ones pay one ordered-dictionary operation on one request in 2^k.
+The last period's verdict also breaks admission ties (:class:`MemoryTier`): where LRU's lead
+passed the growth test (a recency stream) the newer entry wins a tie; a lead inside the noise
+leaves ties to the incumbent (on a frequency stream a coin's luck would otherwise let one-offs
+in: 0.1-0.2 points on the Zipf replay, docs/cache.md). A step is 6.25 % of the budget
+(Caffeine's initial step); a period is half the shadow's entries in sampled requests (at least
+64). The sample share is fixed when the tier first fills, so that the shadow holds about
+``TARGET`` entries: small tiers are shadowed whole, large ones pay one ordered-dictionary
+operation on one request in 2^k.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class WindowSteering:
         self._tier_hits = 0
         self.lru_hits = 0
         self._idle = 0
-        self.recency = False  # whether LRU hit at least as often in the last period
+        self.recency = False  # whether LRU clearly hit more often in the last period
 
     def request(self, digest: bytes, size: int, tier_hit: bool) -> int:
         """Record one request for a sampled key; the bytes by which the window should change
@@ -103,8 +106,10 @@ class WindowSteering:
         self._tier_hits = self.lru_hits = self.requests = 0
         if not self.adapts:
             return 0
-        self.recency = lru >= tier
         noise = math.sqrt(tier + lru)
+        # Recency breaks admission ties only on the evidence that grows the window: a lead
+        # inside the noise (or no lead) keeps the frequency filter's ties for the incumbent.
+        self.recency = lru - tier > Z_GROW * noise
         if lru - tier > Z_GROW * noise:
             return GROW * self._step
         if tier - lru > Z_SHRINK * noise:
