@@ -96,7 +96,7 @@ def run_serve(
     import uvicorn
 
     from hetero.framework.server import Serving, create_app
-    from hetero.framework.server.protocol import guarded_h11
+    from hetero.framework.server.listening import server_config, startup_warnings
     from hetero.framework.server.serving import StagesFailedError
 
     policy = load_policy(policy_path)
@@ -115,16 +115,9 @@ def run_serve(
     if not 0 <= bind_port <= 65535:
         raise UsageError(f"--port: {bind_port} is not a TCP port")
     listener = _bind(bind_host, bind_port)  # before "listening on": a busy port is exit 2
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=bind_host,
-            port=bind_port,
-            log_level="warning",
-            access_log=False,
-            http=guarded_h11(policy.spec.server.limits.header_timeout_s),
-        )
-    )
+    server = uvicorn.Server(server_config(app, policy.spec.server, bind_host, bind_port))
+    for warning in startup_warnings(policy.spec.server, bind_host):
+        err.print(f"[yellow]warning[/]: {warning}", highlight=False)
     bind_port = listener.getsockname()[1]
     failure: list[BaseException] = []
 

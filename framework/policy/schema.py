@@ -595,6 +595,9 @@ class ServerConfig(_Frozen):
     peer_routes: StrictBool = False
     allowed_hosts: tuple[Name, ...] = ()  # Host header names; () on loopback: loopback names
     allowed_origins: tuple[Name, ...] = ()  # browser origins allowed to POST (e.g. a web UI)
+    # addresses (or CIDR networks) whose X-Forwarded-For / -Proto headers are believed; () none:
+    # the peer address is the client's, whatever a header says (throttling and fair shares)
+    trusted_proxies: tuple[Name, ...] = ()
     queue_bound: PositiveInt = 64
     degrade_queue_depth: PositiveInt = 16
     retry_after_s: PositiveFloat = 1.0
