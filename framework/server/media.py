@@ -7,6 +7,7 @@ import base64
 import binascii
 import io
 import re
+import struct
 
 from hetero.framework.policy.schema import ServerLimits
 from hetero.framework.server.errors import APIError, invalid_input
@@ -50,6 +51,33 @@ def decode_data_url(url: str, param: str) -> bytes:
     return data
 
 
+def _check_wav_chunks(data: bytes, param: str) -> None:
+    """400 when a RIFF/WAVE file's chunks claim more bytes than it holds (a header that says 4
+    GiB on a few kilobytes: the decoder would read what is there and answer for audio that
+    was never sent)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    claimed = struct.unpack_from("<I", data, 4)[0] + 8
+    if claimed > len(data):
+        raise invalid_input(
+            f"{param}: the WAV header claims {claimed} bytes, the file holds {len(data)}",
+            param,
+            "invalid_audio",
+        )
+    at = 12
+    while at + 8 <= len(data):
+        chunk, size = data[at : at + 4], struct.unpack_from("<I", data, at + 4)[0]
+        if at + 8 + size > len(data):
+            name = chunk.decode("latin-1").strip()
+            raise invalid_input(
+                f"{param}: the WAV {name!r} chunk claims {size} bytes, "
+                f"{len(data) - at - 8} follow it",
+                param,
+                "invalid_audio",
+            )
+        at += 8 + size + (size & 1)
+
+
 def image_size(data: bytes, limits: ServerLimits, param: str) -> tuple[int, int]:
     """(width, height) from the image header; 400 when it is not an image or too large."""
     from PIL import Image, UnidentifiedImageError
@@ -81,8 +109,11 @@ def image_size(data: bytes, limits: ServerLimits, param: str) -> tuple[int, int]
 
 
 def audio_seconds(data: bytes, limits: ServerLimits, param: str) -> float:
-    """Duration of an audio file; 400 when it is not audio or too long."""
+    """Duration of an audio file; 400 when it is not audio, its WAV header claims more than
+    the file holds, or it is too long."""
     import soundfile
+
+    _check_wav_chunks(data, param)
 
     try:
         info = soundfile.info(io.BytesIO(data))

@@ -80,6 +80,33 @@ def test_corrupt_audio_is_a_400(client: httpx.Client) -> None:
     assert_error(response, 400, "invalid_audio")
 
 
+def _claiming(wav: bytes, data_bytes: int) -> bytes:
+    """``wav`` with its RIFF and data chunk sizes saying ``data_bytes`` of audio follow."""
+    at = wav.index(b"data")
+    header = bytearray(wav)
+    header[4:8] = min(at + data_bytes, 0xFFFFFFFF).to_bytes(4, "little")
+    header[at + 4 : at + 8] = data_bytes.to_bytes(4, "little")
+    return bytes(header)
+
+
+def test_a_wav_whose_header_claims_more_than_it_holds_is_a_400(client: httpx.Client) -> None:
+    wav = speech_like_wav(1.0)
+    honest = _claiming(wav, len(wav) - wav.index(b"data") - 8)  # the control: what it holds
+    assert honest == wav
+    for claimed in (len(wav), 0xFFFFFFF0):  # a little more, and about 4 GiB
+        files = {"file": ("a.wav", _claiming(wav, claimed))}
+        response = client.post(
+            "/v1/audio/transcriptions", files=files, data={"model": "whisper-tiny.en"}
+        )
+        assert "claims" in assert_error(response, 400, "invalid_audio")["message"]
+    response = client.post(
+        "/v1/audio/transcriptions",
+        files={"file": ("a.wav", honest)},
+        data={"model": "whisper-tiny.en"},
+    )
+    assert response.status_code == 200, response.text
+
+
 def test_transcription_of_a_wav_and_text_format(client: httpx.Client) -> None:
     files = {"file": ("a.wav", speech_like_wav(1.0))}
     response = client.post(
