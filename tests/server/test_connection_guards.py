@@ -73,3 +73,32 @@ def test_dns_rebinding_and_cross_site_posts_are_refused(guarded: ServerThread) -
         own = http.post("/embed", json={"texts": ["a"]}, headers={"Origin": guarded.url})
         assert own.status_code == 200
         assert http.post("/embed", json={"texts": ["a"]}).status_code == 200  # API clients
+
+
+def _status_count(server: ServerThread, status: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=SAFETY_S).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hetero_requests_total{") and f'status="{status}"' in line
+    )
+
+
+def test_a_client_leaving_mid_body_logs_one_line(
+    guarded: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = _status_count(guarded, "499")
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 400\r\n\r\n"
+    )
+    with caplog.at_level("INFO"):
+        with socket.create_connection(("127.0.0.1", guarded.port), timeout=SAFETY_S) as sock:
+            sock.sendall(head + b'{"model": "all-minilm-l6-v2", "input": "a')
+        for _ in range(1000):  # until the server has counted it (each look is a request)
+            if _status_count(guarded, "499") > before:
+                break
+    assert _status_count(guarded, "499") == before + 1
+    left = [r for r in caplog.records if "left before sending its whole body" in r.getMessage()]
+    assert len(left) == 1
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
