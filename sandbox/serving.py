@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from hetero.framework import envs
+from hetero.framework.data_subject import SubjectData
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import Policy
 from hetero.framework.registry import Registry
@@ -39,17 +39,6 @@ __all__ = ["SandboxedStage", "SandboxedStages", "SubjectData", "build_gate"]
 FIRST_HOST_UID = 100_000
 UID_RANGE = 65_536
 SANDBOXED_KINDS = ("ocr", "asr")
-
-
-@dataclass(frozen=True, slots=True)
-class SubjectData:
-    """A sensitive input with the data subject (the person it is about), so that erasure by
-    subject (``hetero sandbox erase --subject``) reaches the sealed copy the server stores.
-    The server builds it from the request; plain ``bytes`` inputs are stored with no subject.
-    """
-
-    data: bytes
-    subject: str | None = None
 
 
 def build_gate(policy: Policy) -> ComplianceGate:

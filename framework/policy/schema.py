@@ -598,6 +598,9 @@ class ServerConfig(_Frozen):
     # addresses (or CIDR networks) whose X-Forwarded-For / -Proto headers are believed; () none:
     # the peer address is the client's, whatever a header says (throttling and fair shares)
     trusted_proxies: tuple[Name, ...] = ()
+    # the request header that names a request's data subject (erasure by subject reaches what a
+    # partition stored of it); the OpenAI `user` field names it when the header is absent
+    subject_header: Name = "X-Data-Subject"
     queue_bound: PositiveInt = 64
     degrade_queue_depth: PositiveInt = 16
     retry_after_s: PositiveFloat = 1.0

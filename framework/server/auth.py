@@ -156,6 +156,7 @@ class Caller:
     qos_class: str
     sla_tier: str
     anonymous: bool
+    subject: str | None = None  # the data subject the request's sensitive inputs are about
 
 
 class KeyRing:

@@ -78,6 +78,7 @@ class ChatRequest(_Body):
     seed: Count | None = Field(default=None, ge=0, le=2**63 - 1)
     n: Count = Field(default=1, ge=1, le=1)
     stop: StopText | Annotated[list[StopText], Field(min_length=1, max_length=4)] | None = None
+    user: str | None = None  # the end user; names the data subject (server.subject_header)
 
     def stop_sequences(self) -> tuple[str, ...]:
         """``stop`` as a tuple (OpenAI takes one string or up to four)."""
@@ -91,6 +92,7 @@ class EmbeddingRequest(_Body):
     input: Text | list[Text] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    user: str | None = None  # the end user; names the data subject (server.subject_header)
 
 
 class SpeechRequest(_Body):
@@ -111,6 +113,7 @@ class PipelineRequest(_Body):
     inputs: PipelineInputs = PipelineInputs()
     prompt: str | None = None
     max_tokens: Count | None = Field(default=None, ge=1)
+    user: str | None = None  # the end user; names the data subject (server.subject_header)
 
 
 def _media_type(request: Request) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
+from hetero.framework.data_subject import SubjectData
 from hetero.framework.engine import (
     EngineResult,
     GraphNode,
@@ -188,7 +189,7 @@ class GraphCalls:
         what is queued)."""
         engine = self.serving.ready_engine()
         stages = {step: tickets[spec.stage.name].stage for step, spec in steps.items()}
-        nodes = {step: self._node(spec, stages[step]) for step, spec in steps.items()}
+        nodes = {step: self._node(spec, stages[step], caller) for step, spec in steps.items()}
         graph = RequestGraph(
             name,
             nodes,
@@ -204,15 +205,18 @@ class GraphCalls:
             raise APIError(403, f"{name}: {err}", code="access_denied") from err
         return Started(future, began, time.monotonic(), stages, spans)
 
-    def _node(self, spec: Step, stage: ServedStage) -> GraphNode:
+    def _node(self, spec: Step, stage: ServedStage, caller: Caller) -> GraphNode:
         key = None
         content = spec.content
         if content is not None and self._cacheable(stage):
             key = functools.partial(self._key, stage, content=content)
+        payload = spec.payload
+        if stage.sensitive and caller.subject is not None and isinstance(payload, bytes):
+            payload = SubjectData(payload, caller.subject)  # what the partition keeps is theirs
         return GraphNode(
             stage.engine_name,
             spec.after,
-            payload=spec.payload,
+            payload=payload,
             compose=spec.compose,
             profile=spec.profile,
             items=spec.items,

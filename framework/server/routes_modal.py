@@ -16,7 +16,7 @@ from hetero.framework.server.bodies import (
     read_form,
     read_json,
 )
-from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.context import CallerDep, about, runtime_of
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.media import decode_base64
 from hetero.framework.server.openapi import json_body, multipart_body
@@ -141,6 +141,7 @@ async def pipeline(name: str, request: Request, caller: CallerDep) -> dict[str, 
             code="unknown_pipeline",
         )
     body = await read_json(request, PipelineRequest)
+    caller = about(caller, body.user, "user")
     inputs = PipelineInputs(
         text=body.inputs.text,
         image=decode_base64(body.inputs.image, "inputs.image") if body.inputs.image else None,

@@ -25,7 +25,7 @@ from hetero.framework.server.bodies import (
     read_form,
     read_json,
 )
-from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.context import CallerDep, about, runtime_of
 from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
 from hetero.framework.server.graph_calls import PromptBuilder, Step
@@ -173,21 +173,27 @@ def _prompt_ids(stage: ServedStage, limit: int, messages: list[dict[str, str]]) 
     return ids
 
 
+def _chat_max_tokens(body: ChatRequest, limit: int) -> int:
+    """The answer's token budget: what the request asks, else 128 or the limit if lower."""
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(128, limit)
+    if max_tokens > limit:
+        raise APIError(
+            400,
+            f"max_tokens: {max_tokens} is over the limit of {limit}",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    return max_tokens
+
+
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
 async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse | StreamingResponse:
     """Chat; image parts (data: URLs) go through vision_encode and ocr into the prompt."""
     rt = runtime_of(request)
     body = await read_json(request, ChatRequest)
+    caller = about(caller, body.user, "user")
     stage = _check_model(rt, "llm_generate", body.model)
-    limits = rt.limits
-    max_tokens = body.max_completion_tokens or body.max_tokens or min(128, limits.max_output_tokens)
-    if max_tokens > limits.max_output_tokens:
-        raise APIError(
-            400,
-            f"max_tokens: {max_tokens} is over the limit of {limits.max_output_tokens}",
-            param="max_tokens",
-            code="invalid_value",
-        )
+    max_tokens = _chat_max_tokens(body, rt.limits.max_output_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     counted: dict[str, int] = {}
     images, build = _chat_messages(rt, body, stage, counted)
@@ -291,6 +297,7 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
     """Embeddings of a string or a list of strings (``encoding_format`` float or base64)."""
     rt = runtime_of(request)
     body = await read_json(request, EmbeddingRequest)
+    caller = about(caller, body.user, "user")
     stage = _check_model(rt, "text_embed", body.model)
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts:

@@ -207,6 +207,43 @@ def test_speech_is_transcribed_inside_its_own_partitions_sandbox(
     assert list((site / "partitions" / "id_cards").iterdir()) == []
 
 
+def test_a_request_names_its_data_subject_and_erasure_reaches_what_was_kept(
+    client: TestClient, site: Path
+) -> None:
+    """Issue 37 F1: the subject header (or the body's ``user``) goes with the recording into
+    the partition, so erasure by subject finds it; an unnamed subject finds nothing."""
+    from hetero.models.tts import SpeechSynthesizer
+    from hetero.sandbox.keys import open_key
+    from hetero.sandbox.partition_store import PartitionStore
+
+    voice = SpeechSynthesizer()
+    voice.load()
+    wav = voice.synthesize("The bus stop sign is broken.", deterministic=True).wav_bytes()
+    body = {"inputs": {"audio": base64.b64encode(wav).decode()}}
+    officer = {"Authorization": f"Bearer {OFFICER_KEY}"}
+    by_header = client.post(
+        "/v1/petitions/transcribe", json=body, headers={**officer, "X-Data-Subject": "citizen-7"}
+    )
+    assert by_header.status_code == 200, by_header.text
+    by_user = client.post(
+        "/v1/petitions/transcribe", json={**body, "user": "citizen-8"}, headers=officer
+    )
+    assert by_user.status_code == 200, by_user.text
+    blank = client.post(
+        "/v1/petitions/transcribe", json=body, headers={**officer, "X-Data-Subject": " "}
+    )
+    assert blank.status_code == 400 and blank.json()["error"]["param"] == "X-Data-Subject"
+    policy = site_policy(site)
+    config = policy.spec.partitions["petitions"]
+    keyring, name = open_key(config.key, policy.spec.sandbox)
+    store = PartitionStore(site / "partitions", "petitions", keyring, name, config.cipher)
+    kept = len(store.object_ids())
+    assert store.erase_subject("citizen-nobody") == {}  # the control: nothing is theirs
+    assert len(store.erase_subject("citizen-7")) == 1
+    assert len(store.erase_subject("citizen-8")) == 1
+    assert len(store.object_ids()) == kept - 2
+
+
 @pytest.fixture
 def fresh_site() -> Iterator[Path]:
     if shutil.which("runc") is None:
