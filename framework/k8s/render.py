@@ -65,6 +65,20 @@ def _check_accelerators(policy: Policy, options: KubeOptions, located: LocatedYa
             )
 
 
+def _check_isolation(policy: Policy, located: LocatedYaml) -> None:
+    """Every partition's isolation has a RuntimeClass here: ``tee`` (a confidential VM whose
+    evidence releases the keys) has none yet, and rendering it as anything weaker would give a
+    partition less than its policy asks."""
+    for name, partition in policy.spec.partitions.items():
+        if partition.isolation == "tee":
+            raise located.error(
+                ("partitions", name, "isolation"),
+                f"partition {name!r} asks for isolation: tee, which these manifests cannot "
+                "give (no confidential-VM RuntimeClass is rendered yet): serve it on a host "
+                "with a TEE, or choose vm (Kata) for Kubernetes",
+            )
+
+
 def render(
     policy: Policy, policy_text: str, options: KubeOptions, kinds: Mapping[str, str]
 ) -> Rendered:
@@ -85,6 +99,7 @@ def render(
             "engine: set cluster: {engine: ray} in it (the address stays auto)",
         )
     _check_accelerators(policy, options, located)
+    _check_isolation(policy, located)
     placement = placement_of(policy, located)
     name, ns = options.name, options.namespace
     component = "ray-head" if engine == "ray" else "server"

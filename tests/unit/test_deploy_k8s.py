@@ -349,3 +349,16 @@ def test_out_folder_rerenders_but_keeps_other_files(
     capsys.readouterr()
     assert "mine.yaml, which hetero did not render" in _fails(capsys, str(gov), "--out", str(out))
     assert (out / "mine.yaml").exists()
+
+
+def test_a_tee_partition_is_refused_not_rendered_weaker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gov = (ROOT / "policies" / "gov-onprem.yaml").read_text()
+    first = gov.index("    isolation: vm")
+    tee = tmp_path / "tee.yaml"
+    tee.write_text(gov[:first] + "    isolation: tee" + gov[first + len("    isolation: vm") :])
+    line = gov[:first].count("\n") + 1
+    message = _fails(capsys, str(tee))
+    assert f"{tee}:{line}: partitions." in message
+    assert "isolation: tee" in message
