@@ -274,8 +274,10 @@ class GraphRunner:
                     self.engine._shares.hold(stage, str(who))
             try:
                 self.enqueue_ready(state)
-            except ShedError as err:
-                self.end(state)
+            except BaseException as err:  # shed, or a step's input refused: it ends here,
+                self.end(state)  # its queued steps dropped and its shares given back
+                if not isinstance(err, ShedError):
+                    raise
                 stage = state.pipeline.steps[state.pipeline.order[0]].stage
                 self.engine.metrics.shed.labels(stage, "queue_full").inc()
                 self.engine.metrics.outcomes.labels(state.route, "shed").inc()

@@ -194,14 +194,19 @@ class Outcomes:
         """Run again the steps whose outputs ``task`` could not read (lock held): they were
         kept on a node that left. The task itself is queued again once they are done."""
         gone = set(error.devices)
+        after = state.pipeline.steps[task.step].after
+        redoing = [dep for dep in after if dep not in state.outputs]  # a sibling's loss did it
         lost = [
             dep
-            for dep in state.pipeline.steps[task.step].after
-            if state.outputs[dep].device_id in gone
-            or not self._healthy(state.outputs[dep].device_id)
+            for dep in after
+            if dep in state.outputs
+            and (
+                state.outputs[dep].device_id in gone
+                or not self._healthy(state.outputs[dep].device_id)
+            )
         ]
-        if not lost:
-            return error  # nothing to redo: the request cannot go on
+        if not lost:  # nothing to redo: the request goes on once a sibling's redo is done,
+            return self.continue_(state) if redoing else error  # or it cannot go on
         if state.redos >= MAX_INPUT_REDOS:
             logger.warning(
                 "%s: %s lost its inputs again (%s) after %d redos: failing it",

@@ -287,8 +287,8 @@ class GraphCalls:
         """Embeddings of ``texts`` ``[N, 384]``, in parts the plugin cuts to what one model
         call may hold, one after another: a large request holds the model one part at a time
         (others' requests run between its parts) and its memory stays that of one part. Each
-        part is a one-step request graph, looked up in the feature cache by the engine (a
-        single text keeps the key it has on its own)."""
+        part is a one-step request graph, looked up in the feature cache by the engine under
+        its texts, length-prefixed."""
         stage = self.serving.stage_of_kind("text_embed")
         plugin = stage.plugin
         parts = plugin.split(list(texts), self.engine_max_batch(stage, "full"))
@@ -457,10 +457,8 @@ def _generation_steps(
 
 
 def _content(texts: Sequence[str]) -> bytes:
-    """What a part of texts' cache key is made of: a single text's own bytes, else each
-    text length-prefixed (no two different parts give the same bytes)."""
-    if len(texts) == 1:
-        return texts[0].encode()
+    """What a part of texts' cache key is made of: each text length-prefixed, a single one
+    too (a prefix-free encoding: no text, however crafted, gives another part's bytes)."""
     return b"".join(len(t.encode()).to_bytes(8, "little") + t.encode() for t in texts)
 
 

@@ -64,8 +64,8 @@ def _check_wav_chunks(data: bytes, param: str) -> None:
             param,
             "invalid_audio",
         )
-    at = 12
-    while at + 8 <= len(data):
+    at, end = 12, claimed  # bytes after the RIFF chunk are not its chunks
+    while at + 8 <= end:
         chunk, size = data[at : at + 4], struct.unpack_from("<I", data, at + 4)[0]
         if at + 8 + size > len(data):
             name = chunk.decode("latin-1").strip()

@@ -154,3 +154,37 @@ def test_a_cycle_is_refused_before_anything_runs(engine: Any) -> None:
     with pytest.raises(ValueError, match="cycl"):
         running_engine.submit_graph(graph)
     assert running == []
+
+
+def test_a_request_refused_as_it_starts_gives_its_shares_back(engine: Any) -> None:
+    """Its first step answered by the cache, the next step's input is composed at once, as the
+    request starts; when that refuses, the request ends there: no share of any stage stays
+    held for its principal, nothing of it stays queued."""
+    from types import SimpleNamespace
+
+    running_engine, _, running = engine
+    caller = SimpleNamespace(name="alice")
+
+    def graph(compose: Any) -> RequestGraph:
+        return RequestGraph(
+            "after-a-hit",
+            {
+                "a": GraphNode("left", payload="x", cache_key=lambda variant: ("hit", variant)),
+                "c": GraphNode("join", after=("a",), compose=compose),
+            },
+            principal=caller,
+        )
+
+    running_engine.submit_graph(graph(lambda done: "warm")).result(timeout=30)  # fills "a"
+    running.clear()
+    for _ in range(3):
+        with pytest.raises(InvalidInputError, match="over the limit"):
+            running_engine.submit_graph(graph(_refuse))
+    assert running_engine._shares.held("join", "alice") == 0
+    assert running_engine._shares.held("left", "alice") == 0
+    assert running_engine._requests == {}
+    assert running == []
+
+
+def _refuse(done: Mapping[str, Any]) -> Any:
+    raise InvalidInputError("the prompt is over the limit")
