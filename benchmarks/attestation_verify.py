@@ -2,7 +2,8 @@
 against warm (the chip's chain and collateral kept in an ``EndorsementCache``; the report's
 own signature, nonce and policy still checked), measured interleaved in one run.
 
-Uses the real evidence in ``../shared/data/attestation`` (its README). Prints the median of
+Uses the real evidence in ``tests/data/attestation`` (a copy of ``../shared/data/attestation``;
+its README). Prints the median of
 each and their ratio; the warm figure is what a sandbox start on an already seen chip pays.
 
     .venv/bin/python benchmarks/attestation_verify.py
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from hetero.sandbox.attestation import EndorsementCache, as_of_date, verify_evidence
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "attestation"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "attestation"
 REPEATS = 30
 
 

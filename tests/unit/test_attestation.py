@@ -1,5 +1,6 @@
 """Issue 37: offline attestation verification with real evidence from real hardware
-(``../shared/data/attestation``, see its README): each vendor's genuine evidence verifies at its
+(``tests/data/attestation``, a copy of ``../shared/data/attestation``; see its README for
+sources and licences): each vendor's genuine evidence verifies at its
 "as of" date, and each kind of bad evidence is refused with its reason."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hetero.sandbox.attestation import (
     verify_evidence,
 )
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "attestation"
+DATA = Path(__file__).resolve().parents[1] / "data" / "attestation"
 SNP = DATA / "amd-sev-snp"
 TDX = DATA / "intel-tdx"
 SGX = DATA / "intel-sgx" / "phala-dcap-qvl"
@@ -35,7 +36,7 @@ AFTER_VLEK = as_of_date("2026-01-15")  # the VLEK expired on 2025-12-10
 @pytest.fixture(scope="module", autouse=True)
 def _evidence_present() -> None:
     if not DATA.is_dir():
-        pytest.fail(f"the shared attestation evidence is not at {DATA}")
+        pytest.fail(f"the attestation evidence is not at {DATA}")
 
 
 def read(path: Path) -> bytes:

@@ -5,10 +5,11 @@ Validators (offline, nothing is applied: no cluster runs here):
 - core kinds: kubernetes-validate 1.37.0 (PyPI), its bundled strict JSON schemas of
   Kubernetes 1.30.0 and 1.37.0 (unknown fields are errors), on jsonschema 4.x;
 - RayCluster: the KubeRay CRD's ``openAPIV3Schema`` (``ray.io/v1``, KubeRay at feeaf72facab,
-  in shared/data/k8s/ beside the checkout) with jsonschema's Draft 4 validator, plus a check
+  copied to tests/data/k8s/ with its licence) with jsonschema's Draft 4 validator, plus a check
   that no field would be pruned (a structural schema drops unknown fields silently);
 - ServiceMonitor: its CRD (prometheus-operator's ``monitoring.coreos.com_servicemonitors.yaml``)
-  the same way when shared/data/k8s/ holds it; that test is skipped, and says so, where not.
+  the same way when tests/data/k8s/ holds it; that test is skipped, and says so, where not
+  (prometheus-operator's CRD is not in ../shared/data/k8s/ to copy).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import yaml
 from hetero.framework.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMAS = ROOT.parent / "shared" / "data" / "k8s"
+SCHEMAS = ROOT / "tests" / "data" / "k8s"  # a copy of ../shared/data/k8s (Apache-2.0)
 KUBERAY_CRD = SCHEMAS / "kuberay-crds" / "ray.io_rayclusters.yaml"
 SERVICE_MONITOR_CRD = SCHEMAS / "monitoring.coreos.com_servicemonitors.yaml"
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
@@ -194,9 +195,7 @@ def _ray_policy(tmp_path: Path, extra: str = "") -> Path:
 
 
 def test_ray_mode_renders_a_valid_raycluster(tmp_path: Path) -> None:
-    assert KUBERAY_CRD.is_file(), (
-        f"KubeRay CRDs not found at {KUBERAY_CRD} (shared/ beside the checkout)"
-    )
+    assert KUBERAY_CRD.is_file(), f"KubeRay CRDs not found at {KUBERAY_CRD}"
     manifests = _render(
         tmp_path, _ray_policy(tmp_path), "--accelerator", "nvidia=1", "--workers", "2"
     )

@@ -29,7 +29,7 @@ from hetero.sandbox.key_broker import (
 
 MEASUREMENT = bytes.fromhex("5a" * 48)
 NOW = datetime.datetime(2025, 6, 1, tzinfo=datetime.UTC).timestamp()
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "attestation" / "amd-sev-snp"
+DATA = Path(__file__).resolve().parents[1] / "data" / "attestation" / "amd-sev-snp"
 
 
 def partition(attestation: AttestationPolicy | None) -> PartitionConfig:
