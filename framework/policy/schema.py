@@ -453,7 +453,8 @@ class AccessHours(_Frozen):
 
 
 AttestationKind = Literal["sev-snp", "tdx", "sgx", "csv", "nvidia"]
-HexDigest = Annotated[StrictStr, Field(pattern=r"^[0-9a-fA-F]{32,128}$")]
+# a measurement or signer in hex: up to TDX's MRTD and RTMR0-3 (5 x 48 bytes)
+HexDigest = Annotated[StrictStr, Field(pattern=r"^[0-9a-fA-F]{32,480}$")]
 
 
 class AttestationPolicy(_Frozen):
@@ -476,6 +477,11 @@ class AttestationPolicy(_Frozen):
     def _something_allowed(self) -> AttestationPolicy:
         if not self.measurements and not self.signers:
             raise ValueError("attestation needs allowed measurements or signers (or both)")
+        if set(self.kinds) == {"nvidia"}:  # its report data cannot carry the key's binding
+            raise ValueError(
+                "nvidia evidence proves a GPU, not the sandbox that would get the key: list "
+                "the CPU TEE kind too (sev-snp, tdx, sgx or csv)"
+            )
         return self
 
 

@@ -47,7 +47,8 @@ def as_of_date(text: str) -> datetime.datetime:
 
 
 class EndorsementCache:
-    """Chain and collateral results per chip, TCB and collateral (and date), bounded LRU.
+    """Chain and collateral results per chip, TCB and collateral, and the second they were
+    checked at (an expiry is never outlived), bounded LRU.
 
     Only what does not depend on the report itself is kept: every report's own signature,
     nonce and measurement are checked each time.
@@ -97,13 +98,15 @@ def _verify(
     def cached(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         return make() if cache is None else cache.get_or_make(key, make)
 
-    day = as_of.date().isoformat()
+    # endorsements hold for the second they were checked at: certificates, CRLs and
+    # collateral expire on a second, and one checked earlier must not outlive its end
+    moment = as_of.replace(microsecond=0).isoformat()
     if kind == "sev-snp":
         from hetero.sandbox.attestation import sev_snp
 
         roots_key = None if amd_roots is None else _digest(*amd_roots.values())
         endorsed = cached(
-            (kind, _digest(*certs), day, product, roots_key),
+            (kind, _digest(*certs), moment, product, roots_key),
             lambda: sev_snp.endorse(certs, as_of, product, amd_roots),
         )
         return sev_snp.verify_sev_snp(evidence, certs, as_of, product=product, endorsed=endorsed)
@@ -132,13 +135,15 @@ def _verify(
                     f"collateral is malformed ({type(err).__name__}: {err})"
                 ) from None
 
-        platform = quote.pck_chain + quote.body[:16] + quote.qe_report[:320]
-        endorsed = cached((kind, _digest(platform, collateral), day), make)
+        # every byte endorse reads: the TDX module's identity (MRSEAM, MRSIGNERSEAM) included
+        seam = quote.body[:136] if quote.tee == "tdx" else quote.body[:16]
+        platform = quote.pck_chain + seam + quote.qe_report[:320]
+        endorsed = cached((kind, _digest(platform, collateral), moment), make)
         return intel_dcap.verify_dcap(evidence, collateral, as_of, tee=kind, endorsed=endorsed)
     if kind == "nvidia":
         from hetero.sandbox.attestation import nvidia
 
-        endorsed = cached((kind, _digest(*certs), day), lambda: nvidia.endorse(certs, as_of))
+        endorsed = cached((kind, _digest(*certs), moment), lambda: nvidia.endorse(certs, as_of))
         return nvidia.verify_nvidia(evidence, certs, as_of, endorsed=endorsed)
     if kind == "csv":
         from hetero.sandbox.attestation import hygon_csv

@@ -78,7 +78,12 @@ class Quote:
 
     @property
     def measurement(self) -> bytes:
-        return self.body[136:184] if self.tee == "tdx" else self.body[64:96]
+        """SGX: MRENCLAVE. TDX: MRTD (the TD's firmware) followed by RTMR0-3 (what it booted:
+        kernel, initrd, command line, and what the guest extended), so a policy that pins it
+        pins the guest, not only the firmware any guest could boot with."""
+        if self.tee == "tdx":
+            return self.body[136:184] + self.body[328:520]
+        return self.body[64:96]
 
     @property
     def signer(self) -> bytes:

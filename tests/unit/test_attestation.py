@@ -5,11 +5,13 @@ sources and licences): each vendor's genuine evidence verifies at its
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from hetero.framework.cli import main
 from hetero.framework.policy.schema import AttestationPolicy
@@ -330,6 +332,37 @@ def test_the_cache_keeps_the_chain_but_every_report_is_still_checked() -> None:
     )
     assert not tampered.verified
     assert (cache.hits, cache.misses) == (2, 1)
+
+
+def test_a_cached_endorsement_never_outlives_the_evidence_it_endorsed() -> None:
+    """The VLEK expired on 2025-12-10: endorsed at its last second, it is refused the next
+    second, though the cache holds the chain (the cache is per second checked, not per day)."""
+    cache = EndorsementCache()
+    vlek = [read(SNP / "trustee/test-vlek.der")]
+    report = read(SNP / "trustee/test-vlek-report.bin")
+    certificate = x509.load_der_x509_certificate(vlek[0])
+    last = certificate.not_valid_after_utc
+    assert verify_evidence("sev-snp", report, certs=vlek, as_of=last, cache=cache).verified
+    after = last + datetime.timedelta(seconds=1)
+    refused = verify_evidence("sev-snp", report, certs=vlek, as_of=after, cache=cache)
+    assert not refused.verified and "expired" in refused.reason
+
+
+def test_a_tdx_measurement_is_the_firmware_and_what_it_booted() -> None:
+    quote = read(TDX / "phala-dcap-qvl/tdx_quote")
+    body = quote[48 : 48 + 584]  # a v4 quote's header, then its TD report body
+    measurement = tdx().measurement
+    assert measurement == (body[136:184] + body[328:520]).hex()  # MRTD, RTMR0-3
+    policy = AttestationPolicy(kinds=("tdx",), measurements=(measurement,))
+    assert tdx(policy=policy, partition="p").verified
+    firmware_only = AttestationPolicy(kinds=("tdx",), measurements=(body[136:184].hex(),))
+    assert not tdx(policy=firmware_only, partition="p").verified
+
+
+def test_gpu_evidence_alone_cannot_release_a_key() -> None:
+    with pytest.raises(ValueError, match="proves a GPU"):
+        AttestationPolicy(kinds=("nvidia",), measurements=("ab" * 48,))
+    assert AttestationPolicy(kinds=("nvidia", "sev-snp"), measurements=("ab" * 48,))
 
 
 def test_unreadable_input_is_an_error_not_a_verdict() -> None:
