@@ -23,6 +23,7 @@ __all__ = ["PartitionStore", "PartitionStoreError", "RotationReport"]
 logger = logging.getLogger(__name__)
 
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+SALT_BYTES = 32  # the per-partition salt that keys subject tags and object ids
 
 
 class PartitionStoreError(HeteroError, ValueError):
@@ -54,15 +55,30 @@ class PartitionStore:
         return self.directory / object_id
 
     def _salt(self) -> bytes:
+        """The partition's 32-byte salt, made once. It appears whole or not at all: written to
+        a private file, then linked into place (a writer that loses the race reads the
+        winner's), so no reader ever keys a subject with an empty or partial salt."""
         salt_path = self.meta_directory / ".salt"
         if not salt_path.exists():
-            try:
-                descriptor = os.open(salt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:  # another writer made it first
-                return salt_path.read_bytes()
+            fresh = salt_path.with_name(f".salt.{os.getpid()}.{os.urandom(4).hex()}")
+            descriptor = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as handle:
-                handle.write(os.urandom(32))
-        return salt_path.read_bytes()
+                handle.write(os.urandom(SALT_BYTES))
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(fresh, salt_path)
+            except FileExistsError:
+                pass  # another writer's salt is in place
+            finally:
+                fresh.unlink()
+        salt = salt_path.read_bytes()
+        if len(salt) != SALT_BYTES:
+            raise PartitionStoreError(
+                f"{salt_path}: {len(salt)} bytes, not a {SALT_BYTES}-byte salt: subject tags "
+                "cannot be made (restore the file; a new salt would orphan every tag)"
+            )
+        return salt
 
     def _subject_tag(self, subject: str) -> str:
         return hmac.new(self._salt(), subject.encode(), hashlib.sha256).hexdigest()

@@ -78,3 +78,27 @@ def test_stored_inputs_carry_their_subject_and_erasure_reaches_them(tmp_path: Pa
     erased = sandboxed.store.erase_subject("110101199003070000")
     assert list(erased) == [first]
     assert sandboxed.store.object_ids() == sorted({other, anonymous})
+
+
+def test_the_salt_appears_whole_and_a_short_one_is_refused(tmp_path: Path) -> None:
+    """Subject tags are keyed by the partition's salt: it is written aside and linked into
+    place (never seen half-written), every store reads the same one, and a salt file of the
+    wrong size is an error, not an empty key."""
+    import pytest
+
+    from hetero.sandbox.partition_store import PartitionStoreError
+
+    sandboxed = stage(tmp_path)
+    first = sandboxed._store(b"a recording", "110101199003070000")
+    salt = sandboxed.store.meta_directory / ".salt"
+    assert len(salt.read_bytes()) == 32
+    assert [p.name for p in salt.parent.iterdir() if p.name.startswith(".salt")] == [".salt"]
+    store = sandboxed.store
+    again = PartitionStore(  # another worker's store of the same partition
+        tmp_path / "partitions", "petitions", store.keyring, "petitions", "AES-256-GCM"
+    )
+    assert again._subject_tag("110101199003070000") == store._subject_tag("110101199003070000")
+    assert first in store.object_ids()
+    salt.write_bytes(b"")  # as a reader racing the old writer could have seen it
+    with pytest.raises(PartitionStoreError, match="0 bytes"):
+        sandboxed.store.erase_subject("110101199003070000")
