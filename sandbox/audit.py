@@ -406,26 +406,29 @@ class AuditLog:
                 )
             descriptor = os.open(anchor, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.close(descriptor)
-        if path.exists():
-            report = verify(
-                path,
-                key.public_key(),
-                # a new anchor vouches for nothing yet: the first checkpoint below goes there
-                anchor=None if created_anchor else anchor,
-                allow_missing_checkpoint=True,
-                allow_stale_checkpoint=True,
-                now=clock(),
-            )
-            if not report.ok:
-                raise AuditError(f"{path}: refusing to append to a broken log: {report.problem}")
-            if report.warning:
-                logger.warning("audit log %s: %s", path, report.warning)
-            self._count, self._head = report.records, report.head
-            self._seq = max(report.checkpoint_seq, report.anchor_seq) + 1
-        else:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.close(descriptor)
-        self._end = path.stat().st_size
+        existed = path.exists()
+        # under the append lock (created 0600 if new): a one-off writer's record waits, so the
+        # end taken below is the end of what verify read, and a later record is adopted
+        with _appending(path) as descriptor:
+            if existed:
+                report = verify(
+                    path,
+                    key.public_key(),
+                    # a new anchor vouches for nothing yet: the first checkpoint below goes there
+                    anchor=None if created_anchor else anchor,
+                    allow_missing_checkpoint=True,
+                    allow_stale_checkpoint=True,
+                    now=clock(),
+                )
+                if not report.ok:
+                    raise AuditError(
+                        f"{path}: refusing to append to a broken log: {report.problem}"
+                    )
+                if report.warning:
+                    logger.warning("audit log %s: %s", path, report.warning)
+                self._count, self._head = report.records, report.head
+                self._seq = max(report.checkpoint_seq, report.anchor_seq) + 1
+            self._end = os.fstat(descriptor).st_size
         if anchor is not None:
             _warn_unless_append_only(anchor)
         with self._lock:
