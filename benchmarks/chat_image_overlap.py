@@ -66,12 +66,12 @@ async def _one_after_another(
     width, height = image_size(image, rt.limits, "image")
     profile = RequestProfile(image_pixels=width * height)
     began = time.perf_counter()
-    vision, _ = await rt.run(
+    vision, _ = await rt.calls.run(
         rt.stage_of_kind("vision_encode"), image, caller=caller, profile=profile
     )
     times["vision_encode"].append(time.perf_counter() - began)
     began = time.perf_counter()
-    ocr, _ = await rt.run(rt.stage_of_kind("ocr"), image, caller=caller, profile=profile)
+    ocr, _ = await rt.calls.run(rt.stage_of_kind("ocr"), image, caller=caller, profile=profile)
     times["ocr"].append(time.perf_counter() - began)
     began = time.perf_counter()
     context = image_context(vision["labels"], ocr["text"])
@@ -79,7 +79,7 @@ async def _one_after_another(
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": f"What does the sign say?\n{context}"},
     ]
-    pieces, summary, _ = await rt.generate(messages, caller=caller, max_tokens=MAX_TOKENS)
+    pieces, summary, _ = await rt.calls.generate(messages, caller=caller, max_tokens=MAX_TOKENS)
     async for _ in pieces:
         pass
     await summary

@@ -146,7 +146,7 @@ class GraphRunner:
         self._authorize(pipeline, graph.name, principal, request_id)
         if engine._stopping:
             raise ShedError("engine is shutting down", status=503)
-        hits = self._lookup(graph) if engine.features is not None else {}
+        hits = self._lookup(graph)
         state = RequestState(
             request_id=request_id,
             route=graph.name,

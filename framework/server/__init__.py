@@ -6,7 +6,8 @@ See docs/serving.md and docs/architecture.md.
 
 from hetero.framework.server.app import create_app
 from hetero.framework.server.auth import Caller, KeyRing, hash_key
-from hetero.framework.server.serving import Serving, StageRun
+from hetero.framework.server.served import StageRun
+from hetero.framework.server.serving import Serving
 
 __all__ = [
     "Caller",

@@ -113,6 +113,7 @@ class CacheAdapter:
         if hit is None:
             self.serving.metrics.cache_misses.labels(name).inc()
             return None, None
+        self.serving.metrics.cache_hits.labels(name).inc()
         return _from_cache(self._kind(stage), hit), tier
 
     def put(self, stage: str, key: Any, value: Any) -> None:
@@ -258,8 +259,6 @@ class GraphCalls:
                 spans.cache_lookup(started.began, tier, started.admitted)
             ran = [trace for trace in result.steps if trace.step == step]
             spans.ran(ran)
-            if tier is not None:
-                self.serving.metrics.cache_hits.labels(stage.name).inc()
             if streamed is None or step not in streamed:
                 spans.done(run, ended=_ended(ran))
         return GraphAnswer(result.outputs, runs)

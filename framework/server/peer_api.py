@@ -38,7 +38,7 @@ async def peer_embed(request: Request, caller: CallerDep) -> FastJSONResponse:
     body = await read_json(request, _PeerEmbed)
     if len(body.texts) > rt.limits.max_batch_inputs:
         raise APIError(400, f"texts: over the limit of {rt.limits.max_batch_inputs}", param="texts")
-    vectors, _ = await rt.embed(body.texts, caller=caller)
+    vectors, _ = await rt.calls.embed(body.texts, caller=caller)
     return FastJSONResponse({"embeddings": vectors})
 
 
@@ -50,7 +50,7 @@ async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
     image = decode_base64(body.image_b64, "image_b64")
     width, height = image_size(image, rt.limits, "image_b64")
     stage = rt.stage_of_kind("vision_encode")
-    value, _ = await rt.run(
+    value, _ = await rt.calls.run(
         stage,
         image,
         caller=caller,

@@ -286,7 +286,7 @@ async def run_pipeline(
         step: _step(rt, name, _served(rt, name, stage), tuple(after), inputs, counted)
         for step, stage, after in plan
     }
-    answer = await rt.submit(name, steps, caller=caller, request_id=request_id)
+    answer = await rt.calls.submit(name, steps, caller=caller, request_id=request_id)
     result = PipelineResult()
     for step, _, _ in plan:
         result.outputs[step] = _shown(steps[step].stage.kind, answer.outputs[step], counted)

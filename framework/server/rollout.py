@@ -37,7 +37,8 @@ from hetero.framework.policy.schema import RolloutConfig, StageConfig
 from hetero.framework.stage_plugin import stage_kind
 
 if TYPE_CHECKING:
-    from hetero.framework.server.serving import ServedStage, Serving
+    from hetero.framework.server.served import ServedStage
+    from hetero.framework.server.serving import Serving
 
 __all__ = ["ModelVersions", "Rollout", "RolloutFailedError", "Ticket"]
 

@@ -201,7 +201,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
     ids = None
     if not images:
         source, ids = await asyncio.to_thread(build, {})
-    pieces, summary, run = await rt.generate(
+    pieces, summary, run = await rt.calls.generate(
         source,
         caller=caller,
         max_tokens=max_tokens,
@@ -213,7 +213,7 @@ async def chat_completions(request: Request, caller: CallerDep) -> JSONResponse 
         before=images,
     )
     # streamed: the headers go before the steps run, so where each is resident now
-    runs = [rt.planned_run(step.stage) for step in images.values()]
+    runs = [rt.calls.planned_run(step.stage) for step in images.values()]
     model = rt.model_id(stage)
     created = int(time.time())
     if not body.stream:
@@ -340,7 +340,7 @@ async def embeddings(request: Request, caller: CallerDep) -> JSONResponse:
                 code="context_length_exceeded",
             )
         tokens += count
-    vectors, run = await rt.embed(strings, caller=caller)
+    vectors, run = await rt.calls.embed(strings, caller=caller)
     data = []
     for index, vector in enumerate(vectors):
         value: Any = (
@@ -383,7 +383,7 @@ async def transcriptions(request: Request, caller: CallerDep) -> JSONResponse | 
         )
     audio = await form_file(form, "file")
     seconds = audio_seconds(audio, rt.limits, "file")
-    value, run = await rt.run(
+    value, run = await rt.calls.run(
         stage, audio, caller=caller, profile=RequestProfile(audio_seconds=seconds), content=audio
     )
     headers = _stages_header([run])
@@ -417,5 +417,5 @@ async def speech(request: Request, caller: CallerDep) -> Response:
         )
     if not body.input.strip():
         raise APIError(400, "input: must not be blank", param="input", code="invalid_value")
-    audio, run = await rt.run(stage, (body.input, body.speed), caller=caller)
+    audio, run = await rt.calls.run(stage, (body.input, body.speed), caller=caller)
     return Response(audio, media_type="audio/wav", headers=_stages_header([run]))

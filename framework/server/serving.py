@@ -9,16 +9,13 @@ runs no model and owns no queue or thread of its own: every model call is the en
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import numpy as np
 
 from hetero.cache.feature_cache import FeatureCache
 from hetero.framework.engine import (
@@ -31,17 +28,8 @@ from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import PolicySpec, ServerConfig, ServerLimits
 from hetero.framework.registry import Registry, default_registry
-from hetero.framework.scheduler.breakers import RequestProfile
-from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.graph_calls import (
-    LLM_STEP,
-    CacheAdapter,
-    GraphAnswer,
-    GraphCalls,
-    PromptBuilder,
-    Step,
-)
+from hetero.framework.server.graph_calls import CacheAdapter, GraphCalls
 from hetero.framework.server.ops_metrics import CacheTierCollector, SandboxHealthCollector
 from hetero.framework.server.reload import pinned_policy
 from hetero.framework.server.rollout import ModelVersions
@@ -49,16 +37,12 @@ from hetero.framework.server.served import ServedStage, StageRun
 from hetero.framework.stage_plugin import StagePlugin, stage_kind, stage_plugins
 
 __all__ = [
-    "LLM_STEP",
-    "GraphAnswer",
-    "PromptBuilder",
     "SandboxProvider",
     "ServedStage",
     "Serving",
     "StageFailure",
     "StageRun",
     "StagesFailedError",
-    "Step",
 ]
 
 logger = logging.getLogger(__name__)
@@ -379,72 +363,8 @@ class Serving:
             raise APIError(503, "models are still loading", code="not_ready", retry_after_s=5)
         return engine
 
-    # --- requests: one graph each (:class:`~hetero.framework.server.graph_calls.GraphCalls`) --
-
-    async def submit(
-        self,
-        name: str,
-        steps: Mapping[str, Step],
-        *,
-        caller: Caller,
-        request_id: str | None = None,
-    ) -> GraphAnswer:
-        """One request graph through the engine, submitted once (:meth:`GraphCalls.submit
-        <hetero.framework.server.graph_calls.GraphCalls.submit>`)."""
-        return await self.calls.submit(name, steps, caller=caller, request_id=request_id)
-
-    async def run(
-        self,
-        stage: ServedStage,
-        payload: Any,
-        *,
-        caller: Caller,
-        request_id: str | None = None,
-        profile: RequestProfile | None = None,
-        content: bytes | None = None,
-    ) -> tuple[Any, StageRun]:
-        """One item through one stage: a one-step request graph."""
-        return await self.calls.run(
-            stage, payload, caller=caller, request_id=request_id, profile=profile, content=content
-        )
-
-    async def embed(
-        self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
-    ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``, in parts one model call may hold."""
-        return await self.calls.embed(texts, caller=caller, request_id=request_id)
-
-    async def generate(
-        self,
-        messages: Sequence[Mapping[str, str]] | PromptBuilder,
-        *,
-        caller: Caller,
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        request_id: str | None = None,
-        prompt_ids: Sequence[int] | None = None,
-        stop: tuple[str, ...] = (),
-        before: Mapping[str, Step] | None = None,
-    ) -> tuple[AsyncIterator[str], asyncio.Future[dict[str, Any]], StageRun]:
-        """Start a request graph that ends in generation (the steps ``before`` first); returns
-        the pieces as they come, the final summary and how it runs (:meth:`GraphCalls.generate
-        <hetero.framework.server.graph_calls.GraphCalls.generate>`)."""
-        return await self.calls.generate(
-            messages,
-            caller=caller,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            request_id=request_id,
-            prompt_ids=prompt_ids,
-            stop=stop,
-            before=before,
-        )
-
-    def planned_run(self, stage: ServedStage) -> StageRun:
-        """How ``stage`` will run, before it has: where it is resident now."""
-        return self.calls.planned_run(stage)
+    # requests: one graph each, through :attr:`calls`
+    # (:class:`~hetero.framework.server.graph_calls.GraphCalls`)
 
     # --- reporting -----------------------------------------------------------------------
 

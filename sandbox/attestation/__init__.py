@@ -111,8 +111,6 @@ def _verify(
         )
         return sev_snp.verify_sev_snp(evidence, certs, as_of, product=product, endorsed=endorsed)
     if kind in ("tdx", "sgx"):
-        import json
-
         from hetero.sandbox.attestation import intel_dcap
 
         quote = intel_dcap.parse_quote(evidence)
@@ -120,20 +118,7 @@ def _verify(
             raise AttestationError("Intel quotes need their collateral (--collateral)")
 
         def make() -> Any:
-            try:
-                value = json.loads(collateral)
-            except ValueError as err:
-                raise AttestationError(f"collateral is not JSON ({err})") from None
-            if not isinstance(value, dict):
-                raise AttestationError("collateral is not a JSON object")
-            try:
-                return intel_dcap.endorse(quote, value, as_of)
-            except AttestationError:
-                raise
-            except (KeyError, TypeError, ValueError) as err:
-                raise AttestationError(
-                    f"collateral is malformed ({type(err).__name__}: {err})"
-                ) from None
+            return intel_dcap.endorse_json(quote, collateral, as_of)
 
         # every byte endorse reads: the TDX module's identity (MRSEAM, MRSIGNERSEAM) included
         seam = quote.body[:136] if quote.tee == "tdx" else quote.body[:16]

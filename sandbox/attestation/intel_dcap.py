@@ -398,6 +398,27 @@ def endorse(
     return pck, facts, status, advisories, str(level.get("tcbDate", ""))
 
 
+def endorse_json(
+    quote: Quote, collateral_json: bytes | None, as_of: datetime.datetime
+) -> tuple[x509.Certificate, PckFacts, str, tuple[str, ...], str]:
+    """:func:`endorse` with the collateral as its JSON file's bytes; what is missing,
+    unreadable or malformed is an :class:`AttestationError` naming it."""
+    if collateral_json is None:
+        raise AttestationError("Intel quotes need their collateral (--collateral)")
+    try:
+        collateral = json.loads(collateral_json)
+    except ValueError as err:
+        raise AttestationError(f"collateral is not JSON ({err})") from None
+    if not isinstance(collateral, dict):
+        raise AttestationError("collateral is not a JSON object")
+    try:
+        return endorse(quote, collateral, as_of)
+    except AttestationError:
+        raise
+    except (KeyError, TypeError, ValueError) as err:
+        raise AttestationError(f"collateral is malformed ({type(err).__name__}: {err})") from None
+
+
 def verify_dcap(
     evidence: bytes,
     collateral_json: bytes | None,
@@ -414,22 +435,7 @@ def verify_dcap(
     if quote.tee != tee:
         raise AttestationError(f"this is an {quote.tee.upper()} quote, not {tee.upper()}")
     if endorsed is None:
-        if collateral_json is None:
-            raise AttestationError("Intel quotes need their collateral (--collateral)")
-        try:
-            collateral = json.loads(collateral_json)
-        except ValueError as err:
-            raise AttestationError(f"collateral is not JSON ({err})") from None
-        if not isinstance(collateral, dict):
-            raise AttestationError("collateral is not a JSON object")
-        try:
-            endorsed = endorse(quote, collateral, as_of)
-        except (KeyError, TypeError, ValueError) as err:
-            if isinstance(err, AttestationError):
-                raise
-            raise AttestationError(
-                f"collateral is malformed ({type(err).__name__}: {err})"
-            ) from None
+        endorsed = endorse_json(quote, collateral_json, as_of)
     pck, facts, status, advisories, _ = endorsed
     verify_ecdsa_raw(
         pck.public_key(),

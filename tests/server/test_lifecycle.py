@@ -143,7 +143,9 @@ def test_a_generation_refused_at_submission_leaves_no_unretrieved_future() -> No
         asyncio.get_running_loop().set_exception_handler(lambda _, ctx: unretrieved.append(ctx))
         caller = Caller(ANONYMOUS, "standard", "silver", anonymous=True)
         try:
-            await runtime.generate([{"role": "user", "content": "hi"}], caller=caller, max_tokens=4)
+            await runtime.calls.generate(
+                [{"role": "user", "content": "hi"}], caller=caller, max_tokens=4
+            )
         except ShedError:
             pass
         else:
