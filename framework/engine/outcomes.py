@@ -99,8 +99,8 @@ class Outcomes:
             else:
                 error = outcome.error  # the item itself was bad: no other device would help
             finished = error is not None or state.done()
-            if finished:
-                self.engine.runner.end(state)
+            if error is not None:
+                self.engine.runner.end(state)  # a done one ends in answer(), once fetched
         if offered is not None or (key is not None and outcome.error is None):
             self.engine.runner.offer(
                 task, offered, outcome.output, key
@@ -114,10 +114,17 @@ class Outcomes:
         if error is None:
             try:
                 result = self.result(state)
-            except Exception as err:  # a final output that could not be fetched (its node
-                # left, its keeper dropped it): the request fails with that, the lane lives on
+            except InputLostError as err:  # its keeper died or dropped it: made again
+                with self.engine._lock:
+                    error = self._redo_final(state, err)
+                if error is None:
+                    return
+            except Exception as err:  # a final output that could not be fetched: the
+                # request fails with that, the lane lives on
                 logger.warning("request %s: outputs not fetched: %s", state.request_id, err)
                 error = err
+        with self.engine._lock:
+            self.engine.runner.end(state)
         if error is not None:
             self.engine.metrics.outcomes.labels(state.route, "failed").inc()
             settle(state.future, error=error)
@@ -228,6 +235,39 @@ class Outcomes:
         for dep in lost:
             del state.outputs[dep]
             state.devices.pop(dep, None)
+        return self.continue_(state)
+
+    def _redo_final(self, state: RequestState, error: InputLostError) -> BaseException | None:
+        """Run again the answered steps whose outputs could not be fetched (lock held): their
+        keeper (a node, a device actor) is gone or dropped them; as for lost inputs, at most
+        :data:`MAX_INPUT_REDOS` times per request."""
+        if self.engine._requests.get(state.request_id) is not state:
+            return error  # cancelled or timed out meanwhile
+        answer = state.answer if state.answer is not None else state.pipeline.sinks
+        gone = set(error.devices)
+        lost = [
+            step
+            for step in answer
+            if step in state.outputs
+            and (
+                state.outputs[step].device_id in gone
+                or not self._healthy(state.outputs[step].device_id)
+            )
+        ]
+        if not lost or state.redos >= MAX_INPUT_REDOS:
+            logger.warning("request %s: outputs not fetched: %s", state.request_id, error)
+            return error
+        state.redos += 1
+        logger.warning(
+            "%s: its outputs of %s were lost (%s): redoing them",
+            state.request_id,
+            lost,
+            error.reason,
+        )
+        for step in lost:
+            self.engine.metrics.retries.labels(state.pipeline.steps[step].stage).inc()
+            del state.outputs[step]
+            state.devices.pop(step, None)
         return self.continue_(state)
 
     def _healthy(self, device_id: str) -> bool:

@@ -90,7 +90,8 @@ class FarHost:
                     results.append(InputLostError((kept.device_id,), "dropped it for room"))
                 else:
                     used = Kept(kept.fetch() * 2, self.device.id)
-                    used.lost = self.backend.final_lost
+                    used.lost = self.backend.final_losses > 0
+                    self.backend.final_losses -= 1
                     results.append(used if self.backend.keeps_final else used.value)
         if stage == "make" and self.device.id == self.backend.dies_after_make:
             self.backend.dies_after_make = None
@@ -118,7 +119,7 @@ class FarBackend(Backend):
         self.calls: list[tuple[str, str]] = []
         self.dies_after_make: str | None = None
         self.keeps_final = False  # the last stage's output kept on its device too
-        self.final_lost = False  # ... and gone before the response reads it
+        self.final_losses = 0  # ... and gone before the response reads it, this many times
         self.inputs_always_dropped = False  # make's output gone whenever use reads it
 
     def _discover(self) -> list[DeviceSpec]:
@@ -210,23 +211,36 @@ def test_outputs_lost_with_their_node_are_made_again(node_dies: bool) -> None:
     assert retries == 1
 
 
-def test_a_final_output_that_cannot_be_fetched_fails_its_request_not_the_lane() -> None:
+@pytest.mark.parametrize("losses", [0, 1, MAX_INPUT_REDOS + 1])
+def test_a_final_output_that_cannot_be_fetched_is_made_again(losses: int) -> None:
     """The response reads the last stage's output from where it was kept; gone by then (its
-    node left, its keeper dropped it for room), that request fails with the reason, and the
-    device's lane goes on serving: the next request is answered."""
+    keeper died or dropped it for room), the step that made it runs again and the request is
+    answered; lost every time, the request fails with the reason after MAX_INPUT_REDOS redos,
+    and the device's lane goes on serving: the next request is answered. The control (0
+    losses): one run of each step."""
     backend = FarBackend()
     backend.keeps_final = True
     with far_engine(backend) as engine:
-        backend.final_lost = True
-        with pytest.raises(InputLostError, match="dropped it for room"):
-            engine.submit("/two", {"x": np.array([1.0])}).result(timeout=30)
-        backend.final_lost = False  # the control: the same path, its output still there
+        backend.final_losses = losses
+        future = engine.submit("/two", {"x": np.array([1.0])})
+        if losses > MAX_INPUT_REDOS:
+            with pytest.raises(InputLostError, match="dropped it for room"):
+                future.result(timeout=30)
+        else:
+            np.testing.assert_array_equal(future.result(timeout=30).outputs["use"], [4.0])
+        runs_of_use = backend.calls.count(("use", "far:0"))
+        backend.final_losses = 0
         result = engine.submit("/two", {"x": np.array([1.0])}).result(timeout=30)
         failed = engine.metrics.registry.get_sample_value(
             "hetero_engine_requests_total", {"route": "/two", "outcome": "failed"}
         )
+        retries = engine.metrics.registry.get_sample_value(
+            "hetero_stage_retries_total", {"stage": "use"}
+        )
     np.testing.assert_array_equal(result.outputs["use"], [4.0])
-    assert failed == 1
+    assert runs_of_use == min(losses, MAX_INPUT_REDOS) + 1
+    assert (retries or 0) == min(losses, MAX_INPUT_REDOS)
+    assert (failed or 0) == (1 if losses > MAX_INPUT_REDOS else 0)
 
 
 @pytest.mark.parametrize("always_dropped", [False, True])
