@@ -111,9 +111,44 @@ class DeviceSpec:
     def physical_id(self) -> str:
         """The physical device this one is a runtime's view of, as ``<host>/<device id>``:
         a device that mirrors another names it in ``properties["serves"]`` (``vllm:cuda:0``
-        serves ``cuda:0``); any other is its own. Devices of one physical id have one memory
-        between them, and the scheduler gives them one budget."""
+        serves ``cuda:0``); any other is its own."""
         return f"{self.host}/{self.properties.get('serves') or self.id}"
+
+    @property
+    def compute_id(self) -> str:
+        """The physical compute this device runs on (see :attr:`resources`)."""
+        return self.resources[0]
+
+    @property
+    def memory_id(self) -> str:
+        """The physical memory this device's models live in (see :attr:`resources`)."""
+        return self.resources[1]
+
+    @property
+    def resources(self) -> tuple[str, str]:
+        """The physical resources the device draws on: ``(compute, memory)``.
+
+        Devices that name the same resource share its capacity: the scheduler gives the
+        devices of one compute resource one batch of a model in flight between them and
+        weighs their backlog together, and those of one memory resource one memory budget.
+        A runtime's view of the host CPU (``properties["shares_host_memory"]``: OpenVINO's
+        CPU, ONNX Runtime's CPU provider, torch on the CPU) draws on ``<host>/cpu`` and
+        ``<host>/memory``; an accelerator that uses host memory without computing on the
+        cores (an iGPU, an NPU) draws on its own compute and ``<host>/memory``; a mirror
+        (``properties["serves"]``) on what it serves; anything else on its own
+        :attr:`physical_id`. ``properties["resources"]`` (``{"compute": ..., "memory":
+        ...}``) names them explicitly, as a simulated fleet may."""
+        named = self.properties.get("resources")
+        physical = self.physical_id
+        host_memory = bool(self.properties.get("shares_host_memory", False))
+        compute = physical
+        if host_memory and self.device_class is DeviceClass.CPU:
+            compute = f"{self.host}/cpu"
+        memory = f"{self.host}/memory" if host_memory else physical
+        if isinstance(named, Mapping):
+            compute = str(named.get("compute") or compute)
+            memory = str(named.get("memory") or memory)
+        return compute, memory
 
     def link_to(self, peer: str) -> Link | None:
         """The direct link to ``peer``, if there is one."""

@@ -113,7 +113,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.fleet = FleetCosts(self.devices, topology, capacity)
         self.memory = share_memory(
             [MemoryManager(d.id, c, eviction) for d, c in zip(self.devices, capacity, strict=True)],
-            [d.physical_id for d in self.devices],
+            [d.memory_id for d in self.devices],
         )
         count = len(self.devices)
         self._can_run = can_run
@@ -165,14 +165,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._base_masks: dict[str, np.ndarray] = {}
         self._fleet_searched(search)
         self.smoothing = spec.scheduler.measured_smoothing
-        self.backlog = np.zeros(count)
-        # Devices that are one host CPU seen through several runtimes (OpenVINO's CPU, ONNX
-        # Runtime's CPU provider, torch on the CPU) share its cores: work promised to one of
-        # them delays the others, so placement weighs their backlog together.
-        self._compute_group = compute_groups(self.devices)
-        self._grouped = bool(len(set(self._compute_group.tolist())) < count)
-        self.in_flight = np.zeros(count, np.int64)
-        self.healthy = np.ones(count, bool)
+        self._fleet_arrays(count)
         self._breakers: dict[tuple[str, int], DeviceBreaker] = {}
         self._breaker_blocked = {name: np.zeros(count, bool) for name in spec.stages}
         self._not_closed: dict[str, set[int]] = {name: set() for name in spec.stages}
@@ -187,6 +180,45 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # residency: when each device was last given a KV model's sequence or another
         # stage's task (continuous LLM spread), and the pace of a KV model's sequences
         self._spread_placed_at, self._kv_pace = {}, {}
+
+    def _fleet_arrays(self, count: int) -> None:
+        """Per device: the work promised to it, its tasks in flight, its health, and its
+        compute resource. Devices that draw on one compute resource (one host CPU seen
+        through several runtimes: OpenVINO's CPU, ONNX Runtime's CPU provider, torch on the
+        CPU) share it: work promised to one of them delays the others, so placement weighs
+        their backlog together, and they hold one batch of a model between them
+        (:meth:`_group_room`)."""
+        self.backlog = np.zeros(count)
+        self.in_flight = np.zeros(count, np.int64)
+        self.healthy = np.ones(count, bool)
+        self._set_compute_groups()
+
+    def _set_compute_groups(self) -> None:
+        """Number each device's compute resource (:func:`compute_groups`)."""
+        self._compute_group = compute_groups(self.devices)
+        self._groups = int(self._compute_group.max()) + 1 if len(self.devices) else 0
+        self._grouped = self._groups < len(self.devices)
+
+    def _group_room(self, tables: StageTables) -> np.ndarray:
+        """Where the model may take one more task counting what every device of the same
+        compute resource holds of it: runtimes over one CPU split its cores, so together
+        they get the one batch (per run slot) a single device would, not one each."""
+        groups = self._compute_group
+        held = np.bincount(groups, weights=tables.pending, minlength=self._groups)[groups]
+        room: np.ndarray = held < tables.limit
+        return room
+
+    def _with_room(self, tables: StageTables, mask: np.ndarray) -> None:
+        """Narrow ``mask`` (in place) to the devices with room for one more task of the
+        model: at most one batch's worth outstanding per (model, device), and per (model,
+        compute resource) where devices share one; the rest stays queued, where priority and
+        aging decide what goes next. A model being drained for an overdue task gets no new
+        work there."""
+        mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
+        if self._grouped:
+            mask &= self._group_room(tables)
+        if self._drains:
+            mask &= ~tables.draining
 
     def _fleet_searched(self, search: str | None) -> None:
         """Whether placement searches by branch and bound on this fleet (one host: no)."""
@@ -292,7 +324,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self.memory.extend(
             MemoryManager(d.id, c, eviction) for d, c in zip(devices, capacity[old:], strict=True)
         )
-        share_memory(self.memory, [d.physical_id for d in self.devices])
+        share_memory(self.memory, [d.memory_id for d in self.devices])
         for key, tables in list(self.tables.items()):
             stage, variant = key.split("/", 1)
             costs = self._costs(stage, variant, tables.costs.hint)
@@ -323,8 +355,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             name: np.concatenate([blocked, np.zeros(extra, bool)])
             for name, blocked in self._breaker_blocked.items()
         }
-        self._compute_group = compute_groups(self.devices)
-        self._grouped = bool(len(set(self._compute_group.tolist())) < count)
+        self._set_compute_groups()
         self._base_masks.clear()
         self._fleet_searched(self._search)
         self._unblock()
@@ -377,8 +408,12 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             self._retry_blocked_at = np.inf
 
     def queue_delay_s(self) -> float:
-        """The work already promised to devices, per device on average: admission's pressure."""
-        live = np.count_nonzero(self.healthy)
+        """The work already promised to devices, per compute resource on average: admission's
+        pressure."""
+        if self._grouped:  # per compute resource: runtimes of one CPU are one server
+            live = np.unique(self._compute_group[self.healthy]).size
+        else:
+            live = int(np.count_nonzero(self.healthy))
         return float(np.add.reduce(self.backlog) / live) if live else float("inf")
 
     def cancel(self, task: StageTask) -> None:
@@ -412,12 +447,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if not np.count_nonzero(mask):
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
-        # At most one batch's worth outstanding per (model, device): the rest stays queued,
-        # where priority and aging decide what goes next. A model being drained for an
-        # overdue task gets no new work there.
-        mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
-        if self._drains:
-            mask &= ~tables.draining
+        self._with_room(tables, mask)
         found = None
         kv_bytes = self.kv_bytes(task, tables)
         if task.stage in self._preferred:

@@ -58,6 +58,7 @@ class SchedulerState:
     _base_masks: dict[str, np.ndarray]
     _compute_group: np.ndarray
     _grouped: bool
+    _groups: int
     _breakers: dict[tuple[str, int], DeviceBreaker]
     _breaker_blocked: dict[str, np.ndarray]
     _not_closed: dict[str, set[int]]

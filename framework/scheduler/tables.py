@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.framework.devices import DeviceClass, DeviceSpec
+from hetero.framework.devices import DeviceSpec
 from hetero.framework.scheduler.costs import StageCosts
 
 __all__ = ["StageTables", "compute_groups"]
@@ -110,14 +110,11 @@ class StageTables:
 
 
 def compute_groups(devices: Sequence[DeviceSpec]) -> np.ndarray:
-    """A group number per device: the CPU devices of one host (several runtimes over the same
-    cores) share one; every other device is its own."""
+    """A group number per device: devices that draw on one compute resource
+    (:attr:`DeviceSpec.compute_id`: the runtimes over one host's cores, a mirror and the
+    device it serves) share one; every other device is its own."""
     keys: dict[str, int] = {}
     out = np.zeros(len(devices), dtype=np.int64)
     for index, device in enumerate(devices):
-        shared = device.device_class is DeviceClass.CPU and bool(
-            device.properties.get("shares_host_memory", False)
-        )
-        key = f"cpu@{device.host}" if shared else f"device:{device.id}"
-        out[index] = keys.setdefault(key, len(keys))
+        out[index] = keys.setdefault(device.compute_id, len(keys))
     return out

@@ -1,0 +1,127 @@
+"""The resource-true device model: devices name the physical compute and memory they draw on,
+and devices that name the same resource share its capacity in placement, batching limits and
+memory (runtimes over one host CPU split its cores; they do not each get a batch in flight)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero.framework.devices import DeviceClass, DeviceSpec
+from hetero.framework.policy import load_policy_text
+from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
+from hetero.framework.topology import Topology
+
+POLICY = """\
+version: 1
+stages:
+  embed:
+    modality: text
+    variants:
+      full: {flops_per_item: 10 GFLOPS, bytes_per_item: 1 MB, resident_bytes: 1 MB,
+             max_batch: 2}
+scheduler: {memory_reserve_fraction: 0.0}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: t}}
+sla_tiers: {t: {deadline_ms: 1000}}
+"""
+
+
+def _device(
+    local: str,
+    host: str = "box",
+    *,
+    device_class: DeviceClass = DeviceClass.CPU,
+    flops: float = 1e11,
+    memory: int = 1 << 30,
+    **properties: Any,
+) -> DeviceSpec:
+    return DeviceSpec(
+        id=f"npu:{local}",
+        device_class=device_class,
+        vendor_name="host CPU",
+        backend="npu",
+        host=host,
+        memory_bytes=memory,
+        peak_flops={"fp32": flops},
+        memory_bandwidth_bytes_per_s=1e10,
+        properties=properties,
+    )
+
+
+def test_runtime_views_of_a_host_cpu_name_its_cores_and_memory() -> None:
+    ort = _device("onnxruntime/CPU", shares_host_memory=True)
+    ov = _device("openvino/CPU", shares_host_memory=True)
+    assert ort.resources == ov.resources == ("box/cpu", "box/memory")
+    # An NPU on host memory computes on its own silicon but draws on the same memory.
+    npu = _device("openvino/NPU", device_class=DeviceClass.NPU, shares_host_memory=True)
+    assert npu.resources == ("box/npu:openvino/NPU", "box/memory")
+    # A device with memory of its own draws on itself only; a mirror on what it serves.
+    alone = _device("alone/CPU")
+    assert alone.resources == ("box/npu:alone/CPU", "box/npu:alone/CPU")
+    mirror = _device("mirror/CPU", serves="npu:alone/CPU")
+    assert mirror.resources == alone.resources
+    # A simulated fleet may name them outright.
+    named = _device("igpu/0", resources={"compute": "box/igpu", "memory": "box/memory"})
+    assert (named.compute_id, named.memory_id) == ("box/igpu", "box/memory")
+
+
+def _scheduler(hosts: tuple[str, str]) -> Scheduler:
+    devices = [
+        _device("fast/CPU", hosts[0], flops=2e11, shares_host_memory=True),
+        _device("slow/CPU", hosts[1], flops=1e11, shares_host_memory=True),
+    ]
+    policy = load_policy_text(POLICY, "cpu.yaml")
+    return Scheduler(policy, devices, Topology(devices), VirtualClock())
+
+
+def _task() -> StageTask:
+    return StageTask("r", "embed", "embed", "full", "standard", arrival=0.0, deadline=1.0)
+
+
+def _dispatch_all(scheduler: Scheduler, count: int) -> list[Dispatch]:
+    for _ in range(count):
+        scheduler.enqueue(_task())
+    placed = []
+    while isinstance(outcome := scheduler.dispatch(), Dispatch):
+        placed.append(outcome)
+    return placed
+
+
+def test_runtimes_of_one_cpu_hold_one_batch_of_a_model_between_them() -> None:
+    scheduler = _scheduler(("box", "box"))
+    placed = _dispatch_all(scheduler, 5)
+    # max_batch 2: the CPU's one batch goes to the faster runtime; the slower one stays
+    # idle rather than running a second batch on the same two cores.
+    assert [d.device_id for d in placed] == ["npu:fast/CPU", "npu:fast/CPU"]
+    assert scheduler.queued("embed") == 3
+    scheduler.completed(placed[0], ok=True, run_s=0.01, batch_size=2)
+    (after,) = _dispatch_all(scheduler, 0)
+    assert after.device_id == "npu:fast/CPU"
+
+
+def test_the_control_runtimes_on_two_hosts_each_take_a_batch() -> None:
+    scheduler = _scheduler(("box-a", "box-b"))
+    placed = _dispatch_all(scheduler, 5)
+    assert sorted(d.device_id for d in placed) == ["npu:fast/CPU"] * 2 + ["npu:slow/CPU"] * 2
+    assert scheduler.queued("embed") == 1
+
+
+def test_runtimes_of_one_host_share_one_memory_budget() -> None:
+    shared = _scheduler(("box", "box"))
+    first, second = shared.memory
+    assert first.shared is not None and first.shared is second.shared
+    assert first.shared.capacity == 1 << 30  # one host's memory, not two
+    apart = _scheduler(("box-a", "box-b"))
+    assert [m.shared for m in apart.memory] == [None, None]
+
+
+def test_admission_pressure_is_per_compute_resource() -> None:
+    scheduler = _scheduler(("box", "box"))
+    (one, _) = _dispatch_all(scheduler, 2)
+    # Both runtimes are one server: the backlog is not halved by counting two devices.
+    assert scheduler.queue_delay_s() == float(scheduler.backlog.sum())
+    apart = _scheduler(("box-a", "box-b"))
+    _dispatch_all(apart, 2)
+    assert apart.queue_delay_s() == float(apart.backlog.sum()) / 2
+    assert one.device_id == "npu:fast/CPU"
