@@ -220,6 +220,22 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if self._drains:
             mask &= ~tables.draining
 
+    def _share_correction(self, tables: StageTables, index: int, factor: float) -> None:
+        """Device ``index``'s measured runs moved its correction by ``factor``: move the
+        other devices of its compute resource by as much. What slows a run on shared cores
+        in service (the other models running beside it, the batch sizes the load makes) slows
+        any runtime's run there, so their relative speed stays the one warm-up measured side
+        by side (alone, under like conditions), and the level follows what service measures;
+        otherwise an idle runtime's solo figure would win against the busy one's loaded figure
+        and the stage would hop between runtimes, loading each."""
+        if factor == 1.0:
+            return
+        group = self._compute_group
+        for other in np.flatnonzero(group == group[index]).tolist():
+            if other != index:
+                tables.correction[other] *= factor
+                tables.refresh(other)
+
     def _fleet_searched(self, search: str | None) -> None:
         """Whether placement searches by branch and bound on this fleet (one host: no)."""
         if search not in SEARCHES:
@@ -586,7 +602,10 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
             if modelled > 0:
                 ratio = run_s / modelled
                 correction = tables.correction
+                was = float(correction[index])
                 correction[index] += self.smoothing * (ratio - correction[index])
+                if self._grouped and was > 0:
+                    self._share_correction(tables, index, float(correction[index]) / was)
         tables.refresh(index)
         breaker = self.breaker(dispatch.task.stage, dispatch.device_id)
         before = breaker.state

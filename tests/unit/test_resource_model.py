@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
@@ -125,3 +127,37 @@ def test_admission_pressure_is_per_compute_resource() -> None:
     _dispatch_all(apart, 2)
     assert apart.queue_delay_s() == float(apart.backlog.sum()) / 2
     assert one.device_id == "npu:fast/CPU"
+
+
+def _calibrated(hosts: tuple[str, str]) -> Scheduler:
+    devices = [
+        _device("fast/CPU", hosts[0], shares_host_memory=True),
+        _device("slow/CPU", hosts[1], shares_host_memory=True),
+    ]
+    scheduler = Scheduler(
+        load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
+    )
+    scheduler.calibrate("embed", "npu:fast/CPU", 0.05)  # measured side by side at warm-up
+    scheduler.calibrate("embed", "npu:slow/CPU", 0.06)
+    return scheduler
+
+
+def _after_loaded_runs(scheduler: Scheduler) -> set[str]:
+    """Every run measures four times the faster runtime's warm-up time (other models beside
+    it): where do the tasks go?"""
+    used = set()
+    for _ in range(20):
+        (placed,) = _dispatch_all(scheduler, 1)
+        used.add(placed.device_id)
+        scheduler.completed(placed, ok=True, run_s=0.2, batch_size=1)
+    return used
+
+
+def test_a_slowdown_measured_on_shared_cores_moves_every_runtime_there() -> None:
+    scheduler = _calibrated(("box", "box"))
+    assert _after_loaded_runs(scheduler) == {"npu:fast/CPU"}
+    fast, slow = scheduler.tables["embed/full"].correction
+    assert slow / fast == pytest.approx(0.06 / 0.05)  # warm-up's ranking kept, level moved
+    # The control: on its own host the idle device keeps its solo figure, and takes work.
+    apart = _calibrated(("box-a", "box-b"))
+    assert _after_loaded_runs(apart) == {"npu:fast/CPU", "npu:slow/CPU"}
