@@ -51,6 +51,7 @@ def simulated(search: str) -> tuple[dict[str, object], list[float], float, float
         placement.BOUNDED_SEARCH_MIN_DEVICES = saved
     row = dict(table_rows([metrics])[0])
     row.pop("wall_s", None)
+    row.pop("cpu_s", None)
     return row, list(metrics.latencies), metrics.wall_s, cpu
 
 

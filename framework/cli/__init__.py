@@ -133,7 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--policies",
         default="hetero,round_robin,least_connections",
-        help="comma-separated: hetero, round_robin, least_connections, lru",
+        help="comma-separated: hetero, round_robin, least_connections, power_of_two, "
+        "pinned_fastest, lru, predictive",
+    )
+    simulate.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the workload's seed and the N-1 after it, and report the spread (default 1)",
     )
     simulate.add_argument("--json", action="store_true", help="machine-readable output")
     simulate.add_argument("--plot", metavar="FILE.png", help="latency CDFs and a busy timeline")
@@ -267,7 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "simulate":
             names = [n.strip() for n in args.policies.split(",") if n.strip()]
             return run_simulate(
-                out, err, registry, args.policy, args.workload, names, args.json, args.plot
+                out,
+                err,
+                registry,
+                args.policy,
+                args.workload,
+                names,
+                args.json,
+                args.plot,
+                args.seeds,
             )
         return run_plan(out, registry, args.policy, args.json)
     except HeteroError as error:

@@ -1,8 +1,11 @@
 """Placement: which eligible device a task goes to, by the cost model (queue + load + compute +
-transfer, vectorised over the fleet), round robin or least connections, and why a task can go
-nowhere."""
+transfer, vectorised over the fleet) or a baseline (round robin, least connections, power of two
+choices, best runtime pinned), and why a task can go nowhere."""
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,8 +24,22 @@ __all__ = ["BOUNDED_SEARCH_MIN_DEVICES", "PlacementMixin"]
 BOUNDED_SEARCH_MIN_DEVICES = 15_000
 
 
+@dataclass
+class _Baselines:
+    """What the baseline placements keep: power of two choices' draws (seeded, so a run
+    repeats), and best runtime pinned's devices per stage variant (with the costs they were
+    chosen by: new costs, a new choice)."""
+
+    draws: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    pinned: dict[str, tuple[StageCosts, np.ndarray]] = field(default_factory=dict)
+
+
 class PlacementMixin(SchedulerState):
     """Eligibility masks and the choice of a device among them."""
+
+    @functools.cached_property
+    def _baselines(self) -> _Baselines:
+        return _Baselines()
 
     def _group_backlog(self) -> np.ndarray:
         """Each device's backlog summed over the devices that share its compute."""
@@ -104,6 +121,15 @@ class PlacementMixin(SchedulerState):
             self._round_robin[task.stage] = index
         elif self.placement == "least_connections":
             index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
+        elif self.placement == "power_of_two":
+            index = self._two_choices_of(mask)
+        elif self.placement == "pinned_fastest":
+            pinned = self._pinned_mask(tables)
+            if np.count_nonzero(pinned & self.healthy):  # else: every pinned device is down
+                mask = mask & pinned
+                if not np.count_nonzero(mask):
+                    return None  # the pinned devices are full: wait for them, as a pin does
+            index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
         else:
             total = self._with_transfer(
                 self._before_transfer(backlog, tables.load_now, compute), transfer
@@ -116,6 +142,38 @@ class PlacementMixin(SchedulerState):
             "transfer": float(transfer[index]),
         }
         return index, terms
+
+    def _two_choices_of(self, mask: np.ndarray) -> int:
+        """Power of two choices: of two candidates drawn at random (seeded), the one with fewer
+        tasks in flight (the first drawn on a tie)."""
+        candidates = np.flatnonzero(mask)
+        if candidates.size == 1:
+            return int(candidates[0])
+        first, second = self._baselines.draws.choice(candidates.size, 2, replace=False).tolist()
+        a, b = int(candidates[first]), int(candidates[second])
+        return b if self.in_flight[b] < self.in_flight[a] else a
+
+    def _pinned_mask(self, tables: StageTables) -> np.ndarray:
+        """Best runtime pinned: the devices of the one kind (device class, runtime, model of
+        processor) on which a single item of this stage variant runs fastest by the policy's
+        figures, as a person pinning each model to its best runtime would choose; the
+        devices of that kind are then shared by least connections."""
+        kept = self._baselines.pinned.get(tables.costs.key)
+        if kept is not None and kept[0] is tables.costs:
+            return kept[1]
+        costs = tables.costs
+        unit = costs.marginal_s[:, 0]
+        kinds: dict[tuple[str, str, str], list[int]] = {}
+        for index, device in enumerate(self.devices):
+            if costs.runnable[index]:
+                key = (device.device_class.value, device.backend, device.vendor_name)
+                kinds.setdefault(key, []).append(index)
+        pinned = np.zeros(len(self.devices), bool)
+        if kinds:
+            fastest = min(kinds.values(), key=lambda members: float(unit[members].min()))
+            pinned[fastest] = True
+        self._baselines.pinned[costs.key] = (costs, pinned)
+        return pinned
 
     def _host_floor(self, tables: StageTables, backlog: np.ndarray) -> np.ndarray:
         """Per host, the least estimate before transfer over its devices (eligible or not, one

@@ -56,7 +56,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PLACEMENTS = ("cost_model", "round_robin", "least_connections")
+PLACEMENTS = ("cost_model", "round_robin", "least_connections", "power_of_two", "pinned_fastest")
 SEARCHES = (None, "full", "bounded")
 DECISIONS_KEPT = 1024
 

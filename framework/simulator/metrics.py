@@ -46,6 +46,8 @@ class RunMetrics:
     kv_waste_integral: float = 0.0
     busy: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
     wall_s: float = 0.0
+    cpu_s: float = 0.0
+    """The simulating thread's CPU time (time.thread_time): what a busy machine does not inflate."""
     events: int = 0
 
     @staticmethod
@@ -88,6 +90,18 @@ class RunMetrics:
             for qos, offered in sorted(self.offered_by_class.items())
             if offered
         }
+        classes = {
+            qos: {
+                "requests": offered,
+                "mean_ms": float(np.mean(values)) * 1e3 if values else None,
+                "p50_ms": _percentile(values, 50) * 1e3 if values else None,
+                "p99_ms": _percentile(values, 99) * 1e3 if values else None,
+                "slo_attainment": attainment[qos],
+            }
+            for qos, offered in sorted(self.offered_by_class.items())
+            if offered
+            for values in [self.latencies_by_class.get(qos, [])]
+        }
         hours = span / 3600.0 if span > 0 else None
         measured = len(lat)
         figures = {
@@ -103,6 +117,7 @@ class RunMetrics:
             "ttft_p50_ms": _percentile(self.ttft, 50) * 1e3,
             "ttft_p99_ms": _percentile(self.ttft, 99) * 1e3,
             "slo_attainment": attainment,
+            "classes": classes,
             "lowest_class_max_wait_s": max(self.lowest_class_waits, default=float("nan")),
             "memory_utilisation_std_pct": 100.0 * self.memory_std_integral / self.observed_time
             if self.observed_time
@@ -122,6 +137,7 @@ class RunMetrics:
             "throughput_rps": measured / span if span > 0 else float("nan"),
             "simulated_s": self.last_completion,
             "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
             "events": self.events,
         }
         return {k: None if isinstance(v, float) and np.isnan(v) else v for k, v in figures.items()}

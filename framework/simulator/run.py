@@ -170,7 +170,7 @@ class _Simulation:
         heapq.heappush(self.events, (when, next(self.sequence), kind, payload))
 
     def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         spec = self.workload.spec
         check_against_policy(self.workload, self.policy)
         self.metrics.warmup_s = spec.warmup_s
@@ -220,6 +220,7 @@ class _Simulation:
             e.preemptions for d in self.devices.values() for e in d.engines.values()
         )
         self.metrics.wall_s = time.perf_counter() - started
+        self.metrics.cpu_s = time.thread_time() - cpu_started
         return self.metrics
 
     def _observe_memory(self, when: float) -> None:

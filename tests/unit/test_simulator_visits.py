@@ -79,7 +79,7 @@ def _figures(cls: type[_Simulation], scenario: str, eviction: str) -> dict[str, 
     return {
         f.name: dict(value) if isinstance(value, dict) else value
         for f in dataclasses.fields(metrics)
-        if f.name != "wall_s" and (value := getattr(metrics, f.name)) is not None
+        if f.name not in ("wall_s", "cpu_s") and (value := getattr(metrics, f.name)) is not None
     }
 
 
