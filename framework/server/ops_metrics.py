@@ -5,6 +5,9 @@
   (``hetero_cache_hits_total`` here is already the serving layer's count per stage).
 - ``hetero_sandbox_workers{state="up"|"down"}``: partition sandboxes whose device is healthy
   or not (both 0 on a policy without partitions).
+- ``hetero_device_actor_restarts_total{device}``: in the Ray mode, how often a device's actor
+  died and came back warm; ``hetero_cluster_reachable``: 1 while the cluster's head answers
+  (absent in the embedded mode).
 """
 
 from __future__ import annotations
@@ -12,10 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CacheTierCollector", "SandboxHealthCollector"]
+__all__ = [
+    "CacheTierCollector",
+    "ClusterCollector",
+    "SandboxHealthCollector",
+    "cluster_unreachable",
+]
 
 SANDBOX_BACKEND = "sandbox"  # hetero.sandbox.device.SANDBOX_BACKEND
 
@@ -65,3 +73,46 @@ class SandboxHealthCollector(Collector):
         family.add_metric(["up"], up)
         family.add_metric(["down"], down)
         yield family
+
+
+def _cluster_backends(engine: Any) -> list[Any]:
+    """The engine's backends over a cluster (those that say whether it is reachable)."""
+    if engine is None:
+        return []
+    return [b for b in engine.backends.values() if callable(getattr(b, "unreachable", None))]
+
+
+def cluster_unreachable(engine: Any) -> str | None:
+    """Why the engine's cluster is out of reach (its head lost), or None (also in the
+    embedded mode): ``/ready`` answers 503 with it."""
+    for backend in _cluster_backends(engine):
+        reason = backend.unreachable()
+        if reason is not None:
+            return str(reason)
+    return None
+
+
+class ClusterCollector(Collector):
+    """The Ray mode's device actor restarts and whether the cluster's head answers."""
+
+    def __init__(self, engine: Callable[[], Any]) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        backends = _cluster_backends(self.engine())
+        if not backends:
+            return
+        restarts = CounterMetricFamily(
+            "hetero_device_actor_restarts",
+            "Times a device's actor on a cluster node died and came back warm.",
+            labels=["device"],
+        )
+        reachable = GaugeMetricFamily(
+            "hetero_cluster_reachable", "1 while the cluster's head (Ray's GCS) answers."
+        )
+        for backend in backends:
+            for device, count in sorted(backend.actor_restarts().items()):
+                restarts.add_metric([device], count)
+        reachable.add_metric([], 0 if cluster_unreachable(self.engine()) else 1)
+        yield restarts
+        yield reachable

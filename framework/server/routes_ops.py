@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hetero.framework.server.context import CallerDep, runtime_of
+from hetero.framework.server.ops_metrics import cluster_unreachable
 
 __all__ = ["router"]
 
@@ -24,15 +25,20 @@ async def health() -> dict[str, str]:
 @router.get("/ready", response_model=None)
 async def ready(request: Request) -> dict[str, Any] | JSONResponse:
     """Readiness, per stage: 200 once every stage that could load is loaded (stages that
-    failed say why), 503 while models load or when no stage serves."""
+    failed say why), 503 while models load, when no stage serves, or when the cluster the
+    devices are on lost its head (the Ray mode)."""
     rt = runtime_of(request)
+    lost = cluster_unreachable(rt.engine) if rt.ready else None
+    ready = rt.ready and lost is None
     body: dict[str, Any] = {
-        "ready": rt.ready,
-        "status": "ready" if rt.ready else "loading" if rt.loading else "unavailable",
+        "ready": ready,
+        "status": "ready" if ready else "loading" if rt.loading else "unavailable",
         "stages": rt.stage_states(),
         "load_s": round(rt.load_s, 3),
     }
-    if rt.ready:
+    if lost is not None:
+        body["cluster"] = lost
+    if ready:
         return body
     headers = {"Retry-After": "5"} if rt.loading else {}
     return JSONResponse(body, status_code=503, headers=headers)

@@ -30,7 +30,11 @@ from hetero.framework.policy.schema import PolicySpec, ServerConfig, ServerLimit
 from hetero.framework.registry import Registry, default_registry
 from hetero.framework.server.errors import APIError
 from hetero.framework.server.graph_calls import CacheAdapter, GraphCalls
-from hetero.framework.server.ops_metrics import CacheTierCollector, SandboxHealthCollector
+from hetero.framework.server.ops_metrics import (
+    CacheTierCollector,
+    ClusterCollector,
+    SandboxHealthCollector,
+)
 from hetero.framework.server.reload import pinned_policy
 from hetero.framework.server.rollout import ModelVersions
 from hetero.framework.server.served import ServedStage, StageRun
@@ -137,6 +141,7 @@ class Serving:
         self._close_lock = threading.Lock()
         self.started_at = time.time()
         self.metrics.registry.register(SandboxHealthCollector(lambda: self.engine))
+        self.metrics.registry.register(ClusterCollector(lambda: self.engine))
         self.load_s = 0.0
         self.versions = ModelVersions(self)
         self.calls = GraphCalls(self)
