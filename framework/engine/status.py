@@ -50,6 +50,7 @@ class StageStatus:
     state: str = "waiting"
     reason: str = ""
     timings: dict[str, float | str] = field(default_factory=dict)
+    idle: dict[str, str] = field(default_factory=dict)  # devices left without it, and why
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_RUNS))
     light_runs: int = 0
     batches: int = 0

@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
 from hetero.framework.engine.status import (
     Progress,
     describe_failure,
@@ -29,8 +30,9 @@ PROBE_RUNS = 2
 class WarmUp:
     """Brings the engine's plugin stages up, one after another."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, calibrations: CalibrationStore | None = None) -> None:
         self.engine = engine
+        self.calibrations = calibrations or CalibrationStore()
 
     def run(
         self,
@@ -76,36 +78,120 @@ class WarmUp:
             raise NoEligibleDeviceError(stage, why)
         key = f"{stage}/full"
         probe = plugin.probe_payload() if self.engine.probe and len(candidates) > 1 else None
-        timings = self.engine.status[stage].timings
-        errors: dict[str, Exception] = {}
+        kept: dict[str, float] = {}
         if probe is not None:
-            for device_id in candidates:
-                report(stage, f"timing on {device_id}")
-                try:
-                    timings[device_id] = self._time(stage, device_id, probe)
-                except Exception as err:
-                    errors[device_id] = err
-                    timings[device_id] = f"unavailable: {describe_failure(err)}"
-                    logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
-                    self.engine.models[device_id].evict(key)
-                    self.engine._unfit[(stage, device_id)] = str(timings[device_id])
-            if errors:  # placement leaves out the devices that could not run it
-                self.set_hints(stage)
-            measured = [d for d in candidates if d not in errors]
-            if not measured:
-                causes = {describe_failure(err) for err in errors.values()}
-                if len(causes) == 1:  # the same cause everywhere: that is the reason
-                    raise next(iter(errors.values()))
-                raise RuntimeError("; ".join(f"{d}: {timings[d]}" for d in candidates))
-            candidates = measured
+            kept = self._kept(stage, candidates, probe)
+            candidates = self._probe(stage, candidates, probe, kept, report)
         best = min(candidates, key=lambda d: self.engine.scheduler.estimate_s(stage, "full", d))
         for device_id in candidates:  # timed devices give their copy back; the best keeps it
             if device_id != best:
                 self.engine.models[device_id].evict(key)
         self._preload(stage, best)
+        timings = self.engine.status[stage].timings
         if self.engine.probe and best not in timings and self.engine.models[best].resident(key):
             self._seed_pace(stage, best)
+        self._say_idle(stage, best, kept)
         return best
+
+    def _probe(
+        self,
+        stage: str,
+        candidates: list[str],
+        probe: Any,
+        kept: dict[str, float],
+        report: Progress,
+    ) -> list[str]:
+        """Time ``probe`` on every candidate without a kept figure; the candidates that could
+        run it (the others are left out of placement, with why)."""
+        key = f"{stage}/full"
+        timings = self.engine.status[stage].timings
+        errors: dict[str, Exception] = {}
+        for device_id in candidates:
+            if device_id in kept:
+                continue
+            report(stage, f"timing on {device_id}")
+            try:
+                timings[device_id] = seconds = self._time(stage, device_id, probe)
+            except Exception as err:
+                errors[device_id] = err
+                timings[device_id] = f"unavailable: {describe_failure(err)}"
+                logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
+                self.engine.models[device_id].evict(key)
+                self.engine._unfit[(stage, device_id)] = str(timings[device_id])
+                continue
+            self._keep(stage, device_id, probe, seconds)
+        if errors:  # placement leaves out the devices that could not run it
+            self.set_hints(stage)
+        measured = [d for d in candidates if d not in errors]
+        if not measured:
+            causes = {describe_failure(err) for err in errors.values()}
+            if len(causes) == 1:  # the same cause everywhere: that is the reason
+                raise next(iter(errors.values()))
+            raise RuntimeError("; ".join(f"{d}: {timings[d]}" for d in candidates))
+        return measured
+
+    def _key(self, stage: str, device_id: str, probe: Any) -> CalibrationKey | None:
+        """The calibration key of ``probe`` on ``device_id`` (None: the stage names no model
+        version, so nothing says two starts run the same model)."""
+        version = self.engine.policy.spec.stages[stage].model_version
+        graph_format = self.engine.format_for(stage, device_id)
+        if not version or graph_format is None:
+            return None
+        return CalibrationKey.of(
+            str(version),
+            graph_format.value,
+            self.engine._device_by_id[device_id],
+            self.engine._threads.get(stage, 0),
+            self.engine.plugins[stage].items(probe),
+        )
+
+    def _kept(self, stage: str, candidates: list[str], probe: Any) -> dict[str, float]:
+        """Kept figures of earlier starts for the candidates, given to the scheduler as a
+        probe's would be: a candidate with one is not loaded to be timed."""
+        kept: dict[str, float] = {}
+        items = self.engine.plugins[stage].items(probe)
+        for device_id in candidates:
+            key = self._key(stage, device_id, probe)
+            seconds = self.calibrations.get(key) if key is not None else None
+            if seconds is not None:
+                kept[device_id] = seconds
+                with self.engine._lock:
+                    self.engine.scheduler.calibrate(stage, device_id, seconds, items)
+        return kept
+
+    def _keep(self, stage: str, device_id: str, probe: Any, seconds: float) -> None:
+        key = self._key(stage, device_id, probe)
+        if key is not None:
+            self.calibrations.put(key, seconds)
+
+    def _say_idle(self, stage: str, best: str, kept: dict[str, float]) -> None:
+        """Log and record (``status.idle``) why each other device that can run ``stage``
+        was left without it: what placement estimates there against ``best``, or why it
+        could not run it."""
+        status = self.engine.status[stage]
+        scheduler = self.engine.scheduler
+        chosen_s = scheduler.estimate_s(stage, "full", best)
+        for device_id in scheduler.runnable_devices(stage):
+            if device_id == best:
+                continue
+            estimate_s = scheduler.estimate_s(stage, "full", device_id)
+            source = "kept from an earlier start" if device_id in kept else "timed at warm-up"
+            status.idle[device_id] = (
+                f"slower: {estimate_s * 1e3:.1f} ms an item against {chosen_s * 1e3:.1f} ms "
+                f"on {best} ({source}); runtimes of one compute resource share it, so the "
+                f"faster one takes all its work"
+                if scheduler.shares_compute(device_id, best)
+                else f"slower: {estimate_s * 1e3:.1f} ms an item against "
+                f"{chosen_s * 1e3:.1f} ms on {best} ({source}); loaded when placement sends "
+                f"it work"
+            )
+            if device_id in kept:
+                status.timings.setdefault(device_id, kept[device_id])
+        for device_id, why in status.timings.items():
+            if isinstance(why, str):
+                status.idle[device_id] = why
+        for device_id, why in status.idle.items():
+            logger.info("stage %s: %s left idle: %s", stage, device_id, why)
 
     def _seed_pace(self, stage: str, device_id: str) -> None:
         """Time the probe on the one device a stage has, so admission knows its pace before

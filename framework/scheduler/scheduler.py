@@ -199,6 +199,11 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._groups = int(self._compute_group.max()) + 1 if len(self.devices) else 0
         self._grouped = self._groups < len(self.devices)
 
+    def shares_compute(self, device_a: str, device_b: str) -> bool:
+        """Whether two devices draw on one compute resource (:attr:`DeviceSpec.compute_id`)."""
+        index = self.fleet.index
+        return bool(self._compute_group[index[device_a]] == self._compute_group[index[device_b]])
+
     def _group_room(self, tables: StageTables) -> np.ndarray:
         """Where the model may take one more task counting what every device of the same
         compute resource holds of it: runtimes over one CPU split its cores, so together

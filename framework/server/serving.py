@@ -391,6 +391,7 @@ class Serving:
                     "resident_on": self.placed_on(stage.name),
                     "placements": placements,
                     "warmup_timings_s": dict(status.timings),
+                    "idle_devices": dict(status.idle),
                     "pinned": self.server.runtimes.get(stage.name),
                     "partition": stage.config.partition,
                     "queue_depth": engine.scheduler.queued(stage.engine_name) if engine else 0,

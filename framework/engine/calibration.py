@@ -1,0 +1,147 @@
+"""Warm-up timings kept between starts, so a start that already knows how fast each runtime
+runs a model loads only the one placement will use.
+
+Warm-up times a stage on every device that can run it (a probe, best of two runs) and places
+it where it is fastest. On a CPU host that means loading the model into every runtime
+(OpenVINO, ONNX Runtime, torch), which costs seconds and leaves the slower runtimes' memory
+behind. The figure depends only on what ran and where, so it is kept, keyed by exactly that:
+the model version and graph format, the device and its runtime's version, the intra-op
+threads, the probe's size, the host's processor (model, cores, clock) and hetero's version.
+Any of them changing is another key, measured afresh. A figure measured once is a
+calibration, not a promise: in service the scheduler's corrections follow what runs measure.
+
+The store is one small JSON file in the model cache (``$HETERO_MODEL_CACHE``), written
+atomically; a file that cannot be read is treated as empty (and rewritten), never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from hetero.framework import envs
+from hetero.framework.devices import DeviceSpec
+
+__all__ = ["CALIBRATION_FILE", "CalibrationKey", "CalibrationStore"]
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_FILE = "calibration.json"
+
+
+def _hetero_version() -> str:
+    try:
+        return metadata.version("hetero")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationKey:
+    """What a warm-up timing depends on."""
+
+    model_version: str
+    graph_format: str
+    device_id: str
+    runtime_version: str
+    threads: int
+    items: float
+    processor: str
+
+    @classmethod
+    def of(
+        cls,
+        model_version: str,
+        graph_format: str,
+        device: DeviceSpec,
+        threads: int,
+        items: float,
+    ) -> CalibrationKey:
+        """The key of a probe of ``model_version`` in ``graph_format`` on ``device``."""
+        props = device.properties
+        processor = "/".join(
+            str(part)
+            for part in (
+                device.host,
+                device.vendor_name,
+                props.get("physical_cores", ""),
+                props.get("logical_cores", ""),
+                props.get("clock_ghz", ""),
+                _hetero_version(),
+            )
+        )
+        return cls(
+            model_version=model_version,
+            graph_format=graph_format,
+            device_id=device.id,
+            runtime_version=str(props.get("runtime_version", "")),
+            threads=threads,
+            items=float(items),
+            processor=processor,
+        )
+
+    def text(self) -> str:
+        """The key as one string (the JSON file's key)."""
+        return "|".join(
+            (
+                self.model_version,
+                self.graph_format,
+                self.device_id,
+                self.runtime_version,
+                str(self.threads),
+                repr(self.items),
+                self.processor,
+            )
+        )
+
+
+class CalibrationStore:
+    """Seconds per probe by :class:`CalibrationKey`, kept in ``path`` (default: the model
+    cache's ``calibration.json``)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else envs.model_cache() / CALIBRATION_FILE
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict[str, float]:
+        try:
+            data = json.loads(self.path.read_text("utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            logger.warning("calibration store %s unreadable, starting afresh: %s", self.path, err)
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {
+            str(key): float(value)
+            for key, value in data.items()
+            if isinstance(value, int | float) and value > 0
+        }
+
+    def get(self, key: CalibrationKey) -> float | None:
+        """The kept seconds for ``key`` (None: never measured)."""
+        with self._lock:
+            return self._read().get(key.text())
+
+    def put(self, key: CalibrationKey, seconds: float) -> None:
+        """Keep ``seconds`` for ``key`` (best effort: a cache that cannot be written is
+        logged and skipped)."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            data = self._read()
+            data[key.text()] = seconds
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True), "utf-8")
+                os.replace(tmp, self.path)
+            except OSError as err:
+                logger.warning("calibration store %s not written: %s", self.path, err)
+                tmp.unlink(missing_ok=True)

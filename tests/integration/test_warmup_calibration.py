@@ -1,0 +1,143 @@
+"""Warm-up on the real npu backend (ONNX Runtime and OpenVINO over the host CPU): a stage is
+timed on every runtime that can run it, the figures are kept, and a later start that finds them
+loads the stage only where placement will run it, saying why it left the other runtime idle."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from hetero.backends.npu import NpuBackend
+from hetero.framework.backend import Arrays, LoadedModel
+from hetero.framework.engine import Engine
+from hetero.framework.engine.calibration import CalibrationStore
+from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
+from hetero.framework.policy import load_policy_text
+from hetero.framework.registry import Detection, Registry
+from hetero.framework.stage_plugin import GraphRunner, StagePlugin
+
+OPENVINO = "npu:openvino/CPU"
+ORT = "npu:onnxruntime/CPUExecutionProvider"
+
+POLICY = """\
+version: 1
+devices: {allow: [npu]}
+stages:
+  encode:
+    modality: text
+    model_version: matmul@1
+    variants:
+      full: {max_batch: 8}
+routes: {/encode: encode}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: t}}
+sla_tiers: {t: {deadline_ms: 5000}}
+"""
+
+
+def _graph() -> ComputeGraph:
+    weight = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "encode",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    hint = BandwidthHint(flops_per_item=2 * weight.size, bytes_per_item=4 * weight.size)
+    return ComputeGraph("encode", GraphFormat.ONNX, model.SerializeToString(), hint)
+
+
+class ProbedStage(StagePlugin):
+    """One matmul graph, with a probe so warm-up times it on each device."""
+
+    name = "encode"
+    batchable = True
+
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {"main": GRAPH}
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        return [runner.run("main", payload) for payload in payloads]
+
+    def probe_payload(self) -> Any:
+        return {"x": np.ones((1, 64), np.float32)}
+
+
+GRAPH = _graph()
+
+
+class CountingBackend(NpuBackend):
+    """The real npu backend over ONNX Runtime and OpenVINO, counting loads and runs per
+    device."""
+
+    loads: ClassVar[dict[str, int]] = {}
+    runs: ClassVar[dict[str, int]] = {}
+    lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__(runtimes=("onnxruntime", "openvino"))
+
+    def _load(self, executable: Any) -> tuple[Any, int]:
+        with self.lock:
+            self.loads[executable.device_id] = self.loads.get(executable.device_id, 0) + 1
+        return super()._load(executable)
+
+    def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
+        with self.lock:
+            self.runs[model.device_id] = self.runs.get(model.device_id, 0) + 1
+        return super()._run(model, inputs)
+
+
+def _start(store: CalibrationStore) -> tuple[Engine, dict[str, int], dict[str, int]]:
+    """Warm an engine up with ``store``; its status, and the loads and runs per device."""
+    registry = Registry(use_entry_points=False)
+    registry.register_backend("npu", lambda: Detection.found("npu", CountingBackend))
+    CountingBackend.loads, CountingBackend.runs = {}, {}
+    policy = load_policy_text(POLICY, "calibrated.yaml")
+    engine = Engine(policy, registry, plugins={"encode": ProbedStage()})
+    engine.warmer.calibrations = store
+    engine.start()
+    assert engine.warm_up() == {}
+    return engine, dict(CountingBackend.loads), dict(CountingBackend.runs)
+
+
+def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path / "calibration.json")
+    first, loads, runs = _start(store)
+    try:
+        # No figures kept: both runtimes load the stage and run the probe (the control).
+        assert loads.keys() == runs.keys() == {ORT, OPENVINO}
+        timings = first.status["encode"].timings
+        best = first.status["encode"].idle.keys() ^ {ORT, OPENVINO}
+        (chosen,) = best
+        (idle,) = first.status["encode"].idle
+        assert "slower" in first.status["encode"].idle[idle]
+        assert first.models[chosen].resident("encode/full")
+        assert not first.models[idle].resident("encode/full")
+    finally:
+        first.close()
+    second, loads, runs = _start(store)
+    try:
+        # Both figures kept: only the runtime placement uses loads it (and times it again,
+        # for admission's pace); the other is never loaded, and says why it is idle.
+        assert loads == {chosen: 1}
+        assert runs.keys() == {chosen}
+        status = second.status["encode"]
+        assert status.timings[idle] == timings[idle]  # the kept figure, not a new one
+        assert "kept from an earlier start" in status.idle[idle]
+        assert second.scheduler.estimate_s("encode", "full", idle) > second.scheduler.estimate_s(
+            "encode", "full", chosen
+        )
+    finally:
+        second.close()
