@@ -13,6 +13,8 @@
                                ``builtin:sim/mixed-fleet``).
 ``HETERO_MODEL_CACHE``         Where the built-in models keep derived files (exported ONNX,
                                converted weights); default ``~/.cache/hetero/models``.
+``HETERO_CALIBRATION_FILE``    Where warm-up keeps its timings between starts (JSON);
+                               default ``calibration.json`` in the model cache.
 ``HETERO_VLLM_MAX_NUM_SEQS``   Sequences a vLLM engine schedules together (its continuous
                                batch, and the device's run slots); default 8.
 ``HETERO_VLLM_KV_CACHE_MB``    Memory a vLLM engine gives its KV cache, in MiB; default
@@ -32,6 +34,7 @@ from pathlib import Path
 __all__ = [
     "EnvError",
     "backend_autoload",
+    "calibration_file",
     "compiled_modules",
     "log_level",
     "model_cache",
@@ -95,6 +98,12 @@ def model_cache() -> Path:
     """``HETERO_MODEL_CACHE``, or ``~/.cache/hetero/models`` when unset (user expanded)."""
     raw = os.environ.get("HETERO_MODEL_CACHE", "").strip()
     return Path(raw or "~/.cache/hetero/models").expanduser()
+
+
+def calibration_file() -> Path:
+    """``HETERO_CALIBRATION_FILE``, or ``calibration.json`` in :func:`model_cache`."""
+    raw = os.environ.get("HETERO_CALIBRATION_FILE", "").strip()
+    return Path(raw).expanduser() if raw else model_cache() / "calibration.json"
 
 
 def _positive_int(name: str, default: int) -> int:

@@ -10,8 +10,9 @@ threads, the probe's size, the host's processor (model, cores, clock) and hetero
 Any of them changing is another key, measured afresh. A figure measured once is a
 calibration, not a promise: in service the scheduler's corrections follow what runs measure.
 
-The store is one small JSON file in the model cache (``$HETERO_MODEL_CACHE``), written
-atomically; a file that cannot be read is treated as empty (and rewritten), never an error.
+The store is one small JSON file (``$HETERO_CALIBRATION_FILE``, by default in the model
+cache), written atomically; a file that cannot be read is treated as empty (and rewritten),
+never an error.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from pathlib import Path
 from hetero.framework import envs
 from hetero.framework.devices import DeviceSpec
 
-__all__ = ["CALIBRATION_FILE", "CalibrationKey", "CalibrationStore"]
+__all__ = ["CalibrationKey", "CalibrationStore"]
 
 logger = logging.getLogger(__name__)
-
-CALIBRATION_FILE = "calibration.json"
 
 
 def _hetero_version() -> str:
@@ -101,11 +100,11 @@ class CalibrationKey:
 
 
 class CalibrationStore:
-    """Seconds per probe by :class:`CalibrationKey`, kept in ``path`` (default: the model
-    cache's ``calibration.json``)."""
+    """Seconds per probe by :class:`CalibrationKey`, kept in ``path`` (default:
+    ``$HETERO_CALIBRATION_FILE``, else the model cache's ``calibration.json``)."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else envs.model_cache() / CALIBRATION_FILE
+        self.path = path if path is not None else envs.calibration_file()
         self._lock = threading.Lock()
 
     def _read(self) -> dict[str, float]:
