@@ -9,6 +9,7 @@ TTLs carry jitter so entries written together do not expire together.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -40,7 +41,18 @@ logger = logging.getLogger(__name__)
 PROBE_READS = 15
 SMOOTHING = 0.2
 SAMPLE_EVERY = 16
+WEIGH_OVER = 64  # lookups below memory in one weighing of the Bloom filter's place, at least
 _monotonic = time.monotonic
+
+
+def _median_cost(action: Callable[[], Any]) -> float:
+    """The median of :data:`PROBE_READS` timings of ``action``, in seconds."""
+    samples = []
+    for _ in range(PROBE_READS):
+        started = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 class _Tier(Protocol):
@@ -111,7 +123,15 @@ class FeatureCache:
         )
         self._lower: list[_Tier] = [t for t in (self.disk, self.redis) if t is not None]
         self._cost: dict[str, float] = {}
+        self._miss_cost: dict[str, float] = {}  # a read of an absent key, per tier (the probe's)
+        self._bloom_cost = 0.0  # a Bloom check (the probe's)
         self._reads = 0
+        # Whether the Bloom filter is asked before the lower tiers (_weigh_bloom): lookups that
+        # went below memory, and those of them that missed, counted since the last weighing.
+        self._bloom_first = True
+        self._below_seen = (0, 0)
+        self._rejected = 0  # lookup's Bloom negatives
+        self._read_misses = 0  # lookup's reads that missed in every lower tier
         # Labelled children bound once: a label lookup per read costs more than the read.
         m = self.metrics
         self._hits = m.hit_counts  # plain counts, read when /metrics is scraped
@@ -134,7 +154,8 @@ class FeatureCache:
         # thousands on a busy host, seconds of start-up. It runs beside the caller instead;
         # until it is done, a Bloom "no" is not trusted and reads ask the lower tiers.
         self.bloom_warm = threading.Event()
-        self._trust_bloom = False  # bloom_warm, read without a call on every miss
+        self._trust_bloom = False  # bloom_warm
+        self._gate = False  # _trust_bloom and _bloom_first, read without a call on every lookup
         threading.Thread(target=self._warm_bloom, name="hetero-bloom-warm", daemon=True).start()
 
     # --- tier order ----------------------------------------------------------------------
@@ -151,6 +172,8 @@ class FeatureCache:
                 samples.append(time.perf_counter() - started)
             tier.delete(probe.text)
             self._cost[tier.name] = statistics.median(samples)
+            self._miss_cost[tier.name] = _median_cost(functools.partial(tier.get, probe.text))
+        self._bloom_cost = _median_cost(lambda: self.bloom.might_contain(probe.digest))
         self._order()
         logger.info("cache tiers by measured cost: %s", [t.name for t in self._lower])
 
@@ -173,6 +196,7 @@ class FeatureCache:
             logger.warning("feature cache: Bloom filter not warmed (%s); it stays bypassed", err)
             return
         self._trust_bloom = True
+        self._gate = self._bloom_first
         self.bloom_warm.set()
 
     def _fill_bloom(self) -> None:
@@ -229,8 +253,9 @@ class FeatureCache:
             if value is not None:
                 self._hits["memory"] += 1
                 return value, "memory"
-        if self._trust_bloom and not self.bloom.might_contain(key.digest):
+        if self._gate and not self.bloom.might_contain(key.digest):
             self.metrics.bloom_negative_count += 1
+            self._rejected += 1
             return None, None
         reads = self._reads + 1
         self._reads = reads
@@ -258,9 +283,29 @@ class FeatureCache:
             value, name = None, None
         else:
             value, name = self._read_lower_timed(key, cipher)
+            self._weigh_bloom()
         if value is None:
             self.metrics.miss_count += 1
+            self._read_misses += 1
         return value, name
+
+    def _weigh_bloom(self) -> None:
+        """Whether the Bloom filter should be asked before the lower tiers: it saves a read of
+        the first of them on a miss and costs its check on a hit, so it pays while the share of
+        lookups below memory that miss, times that tier's miss read, exceeds the check (both
+        timed on the probe at start-up; the share counted over the lookups since the last
+        weighing, at least WEIGH_OVER of them). Called on the sampled reads: when the filter
+        answers every lookup (all misses) there is none, and it stays first."""
+        below = self._rejected + self._reads
+        misses = self._rejected + self._read_misses
+        seen_below, seen_misses = self._below_seen
+        if below - seen_below < WEIGH_OVER or not self._lower:
+            return
+        self._below_seen = (below, misses)
+        share = (misses - seen_misses) / (below - seen_below)
+        first = self._lower[0]
+        self._bloom_first = share * self._miss_cost.get(first.name, 0.0) > self._bloom_cost
+        self._gate = self._trust_bloom and self._bloom_first
 
     def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
         """The value from the fastest lower tier that has it (single-flight's poll)."""

@@ -70,10 +70,15 @@ def _timed_together(*actions: Callable[[], Any], reads: int = READS) -> list[dic
             action()
     rounds: list[list[list[int]]] = [[] for _ in actions]
     clock = time.perf_counter_ns
-    for _ in range(REPEATS):
+    for repeat in range(REPEATS):
         samples: list[list[int]] = [[] for _ in actions]
+        # Each round starts the alternation at another action, so no action keeps the place
+        # timed right after all the others (what they leave in the CPU's caches).
+        start = repeat % len(actions)
+        order = list(zip(actions, samples, strict=True))
+        order = order[start:] + order[:start]
         for _ in range(reads // REPEATS):
-            for action, into in zip(actions, samples, strict=True):
+            for action, into in order:
                 started = clock()
                 action()
                 into.append(clock() - started)
