@@ -1,18 +1,16 @@
-"""Admission of requests: the variant each stage of a request runs (its estimated run time at
-the stage's measured pace against its class's deadline, behind the work queued and running),
-the principal's fair share of each stage, and when a refused caller should try again."""
+"""Admission of requests as the engine asks it: the shared
+:class:`~hetero.framework.scheduler.request_admission.RequestAdmission` (the simulator runs the
+same) under the engine's lock, with its decisions counted in the engine's metrics, and each
+stage plugin's profile of its input."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.errors import (
-    ShedError,
-)
-from hetero.framework.scheduler import (
-    RequestProfile,
-)
+from hetero.framework.errors import ShedError
+from hetero.framework.scheduler import RequestProfile
+from hetero.framework.scheduler.request_admission import FairShareError
 
 if TYPE_CHECKING:
     from hetero.framework.engine.engine import Engine
@@ -37,43 +35,36 @@ class Admitter:
         items: int = 1,
         principal: Any = None,
     ) -> tuple[str, str]:
-        """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason).
-
-        The request (``items`` inputs, ``profile`` if stated) is estimated at the stage's
-        measured pace and judged against its class's deadline behind the work queued; a named
-        ``principal`` must also be within its fair share of the stage's queue.
+        """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason):
+        the engine's :class:`~hetero.framework.scheduler.request_admission.RequestAdmission`
+        (the simulator's too), counted in the engine's metrics.
 
         Raises:
             ShedError: (429, with Retry-After) it cannot finish by its deadline behind the
                 queue, or its principal already holds its share of the stage.
         """
-        qos = qos_class or self.engine.policy.spec.qos.default_class
-        units = self.units(profile)
-        with self.engine._lock:
-            self.check_share(stage, qos, principal)
-            status = self.engine.status.get(stage)
-            variants = self.engine.policy.spec.stages[stage].variants
-            run_s = light_s = None
-            if status is not None:
-                run_s = status.pace("full").estimate_s(items, units)
-                if "light" in variants:
-                    light_s = status.pace("light").estimate_s(items, units)
+        engine = self.engine
+        qos = qos_class or engine.policy.spec.qos.default_class
+        who = getattr(principal, "name", None)
+        with engine._lock:
             try:
-                result = self.engine.admission.decide(
+                result = engine.admission.admit(
                     stage,
                     qos,
-                    run_s=run_s,
-                    light_run_s=light_s,
-                    depth=self.engine.scheduler.queued(stage) + self.engine._running.get(stage, 0),
-                    queue_delay_s=self.queue_delay_s(stage),
+                    items=items,
+                    units=self.units(profile),
+                    principal=None if who is None else str(who),
                 )
+            except FairShareError:
+                engine.metrics.shed.labels(stage, "fair_share").inc()
+                raise
             except ShedError:
-                self.engine.metrics.shed.labels(stage, "complexity").inc()
+                engine.metrics.shed.labels(stage, "complexity").inc()
                 raise
         if result.variant == "light":
-            self.engine.metrics.degraded.labels(stage, result.cause).inc()
-            if stage in self.engine.status:
-                self.engine.status[stage].light_runs += 1
+            engine.metrics.degraded.labels(stage, result.cause).inc()
+            if stage in engine.status:
+                engine.status[stage].light_runs += 1
         return result.variant, result.reason
 
     def max_batch(self, stage: str, variant: str = "full") -> int:
@@ -82,58 +73,21 @@ class Admitter:
             return self.engine.scheduler.batching_for(f"{stage}/{variant}")[0]
 
     def units(self, profile: RequestProfile | None) -> float:
-        weights = self.engine.policy.spec.circuit_breaker.complexity
-        return profile.score(weights) if profile is not None else 0.0
-
-    def check_share(self, stage: str, qos: str, principal: Any) -> None:
-        """:class:`ShedError` (429) when ``principal`` holds its share of ``stage`` (lock
-        held)."""
-        who = getattr(principal, "name", None)
-        if who is None:
-            return
-        bound = self.engine.policy.spec.qos.classes[qos].queue_bound
-        held, share = (
-            self.engine._shares.held(stage, who),
-            self.engine._shares.share(stage, who, bound),
-        )
-        if held >= share:
-            self.engine.metrics.shed.labels(stage, "fair_share").inc()
-            pace = (
-                self.engine.status[stage].pace("full").item_s
-                if stage in self.engine.status
-                else 0.0
-            )
-            raise ShedError(
-                f"{who} already has {held} requests of stage {stage!r} waiting or running, its"
-                f" share of the {qos!r} queue while others use it",
-                status=429,
-                retry_after_s=max(self.engine.policy.spec.server.retry_after_s, held * pace),
-            )
+        """A profile's complexity units under the policy's weights (0 when unknown)."""
+        return self.engine.admission.units(profile)
 
     def queue_delay_s(self, stage: str) -> float:
-        """How long a new task of ``stage`` waits: the work queued and running, at the
-        measured pace, by items and by complexity units, whichever says longer (generations
-        of 4 and of 400 tokens are one item each; units tell them apart), over the runs a
-        device takes at once (lock held)."""
-        status = self.engine.status.get(stage)
-        if status is None:
-            return 0.0
-        pace = status.pace("full")
-        items = self.engine.scheduler.queued_items(stage) + self.engine._running_items.get(stage, 0)
-        units = self.engine.scheduler.queued_units(stage) + self.engine._running_units.get(
-            stage, 0.0
-        )
-        return max(items * pace.item_s, units * pace.unit_s) / self.engine.scheduler.run_slots(
-            stage
-        )
+        """How long a new task of ``stage`` waits behind the work queued and running (lock
+        held)."""
+        return self.engine.admission.queue_delay_s(stage)
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its measured pace."""
         with self.engine._lock:
-            delay = self.queue_delay_s(stage)
-        return max(self.engine.policy.spec.server.retry_after_s, delay)
+            return self.engine.admission.retry_after_s(stage)
 
     def profile(self, stage: str, payload: Any) -> RequestProfile | None:
+        """The stage plugin's measure of ``payload`` (None when it cannot measure it)."""
         try:
             return self.engine.plugins[stage].profile(payload)
         except Exception as err:  # a payload it cannot measure is judged by the run itself

@@ -82,9 +82,7 @@ class Dispatcher:
             while (outcome := self.engine.scheduler.dispatch()) is not None:
                 outcomes.append(outcome)
                 if isinstance(outcome, Dispatch):
-                    self.engine._running[outcome.task.stage] += 1
-                    self.engine._running_items[outcome.task.stage] += outcome.task.items
-                    self.engine._running_units[outcome.task.stage] += outcome.task.units
+                    self.engine.admission.started(outcome.task)
         for outcome in outcomes:
             if isinstance(outcome, Rejection):
                 self.engine.outcomes.fail(outcome.task.request_id, outcome.error)
@@ -152,7 +150,7 @@ class Dispatcher:
             items = sum(o.dispatch.task.items for o in ran) or 1
             status.recent_s.append(first.run_s / items)
             units = sum(o.dispatch.task.units for o in ran)
-            status.pace(variant).observe(first.run_s, items, units)
+            self.engine.admission.observe(stage, variant, first.run_s, items, units)
 
     def sync_health(self) -> None:
         """Devices their backend marked unhealthy (or healthy again) leave (or rejoin)

@@ -31,7 +31,6 @@ from hetero.framework.engine.lanes import (
 )
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.outcomes import Outcomes
-from hetero.framework.engine.pacing import Shares
 from hetero.framework.engine.request_graph import FeatureStore, RequestGraph
 from hetero.framework.engine.requests import EngineResult, RequestState, settle
 from hetero.framework.engine.stage_set import StageVersions
@@ -57,7 +56,7 @@ from hetero.framework.scheduler import (
     Scheduler,
     WallClock,
 )
-from hetero.framework.scheduler.admission import StageAdmission
+from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.stage_cache import StageCache
 from hetero.framework.stage_plugin import StagePlugin, combined_hint
 from hetero.framework.stages import Pipeline
@@ -154,17 +153,13 @@ class Engine:
                     hint = combined_hint(plugin.graphs(str(variant)))
                     self.scheduler.set_hint(stage, str(variant), hint)
         self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
-        self.admission = StageAdmission(policy)
+        self.admission = RequestAdmission(policy, self.scheduler)
         self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._wake_membership = threading.Event()
         self._stopping = False
         self._requests: dict[str, RequestState] = {}
-        self._running: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
-        self._running_items: dict[str, int] = dict.fromkeys(policy.spec.stages, 0)
-        self._running_units: dict[str, float] = dict.fromkeys(policy.spec.stages, 0.0)
-        self._shares = Shares()
         self._added: dict[str, StageConfig] = {}  # stages taken in while running (add_stage)
         self._remote_outputs = False  # set by _host for a device whose models live elsewhere
         self.models: dict[str, ModelHost] = {d.id: self._host(d) for d in self.fleet.devices}

@@ -271,7 +271,7 @@ class GraphRunner:
             if who is not None:
                 for stage in shares:
                     state.holders.append((stage, str(who)))
-                    self.engine._shares.hold(stage, str(who))
+                    self.engine.admission.shares.hold(stage, str(who))
             try:
                 self.enqueue_ready(state)
             except BaseException as err:  # shed, or a step's input refused: it ends here,
@@ -401,7 +401,7 @@ class GraphRunner:
         """Forget a request that ended and drop its queued steps (lock held)."""
         if self.engine._requests.pop(state.request_id, None) is not None:
             for holder in state.holders:
-                self.engine._shares.release(*holder)
+                self.engine.admission.shares.release(*holder)
         for task in state.live_tasks.values():
             self.engine.scheduler.cancel(task)
         state.live_tasks.clear()

@@ -46,13 +46,7 @@ class Outcomes:
         task = dispatch.task
         device_id = dispatch.device_id
         with self.engine._lock:
-            self.engine._running[task.stage] = max(0, self.engine._running[task.stage] - 1)
-            self.engine._running_items[task.stage] = max(
-                0, self.engine._running_items[task.stage] - task.items
-            )
-            self.engine._running_units[task.stage] = max(
-                0.0, self.engine._running_units[task.stage] - task.units
-            )
+            self.engine.admission.finished(task)
         if outcome.skipped:
             with self.engine._lock:
                 self.engine.scheduler.completed(dispatch, ok=True, run_s=0.0, judge=False)

@@ -48,8 +48,7 @@ class StageVersions:
             )
             self.engine.plugins[name] = plugin
             self.engine.status[name] = StageStatus()
-            self.engine._running[name] = self.engine._running_items[name] = 0
-            self.engine._running_units[name] = 0.0
+            self.engine.admission.reset_stage(name)
         self.engine.metrics.queue_depth.labels(name).set_function(
             lambda: self.engine.scheduler.queued(name)
         )
@@ -69,7 +68,7 @@ class StageVersions:
     def busy(self, name: str) -> bool:
         """Whether ``name`` has tasks queued or running."""
         with self.engine._lock:
-            return bool(self.engine.scheduler.queued(name) or self.engine._running.get(name, 0))
+            return bool(self.engine.scheduler.queued(name) or self.engine.admission.running(name))
 
     def remove(self, name: str) -> None:
         """Unload a stage that has no work left (the old model version once drained, or a new
@@ -80,7 +79,7 @@ class StageVersions:
             RuntimeError: it still has tasks queued or running.
         """
         with self.engine._lock:
-            if self.engine.scheduler.queued(name) or self.engine._running.get(name, 0):
+            if self.engine.scheduler.queued(name) or self.engine.admission.running(name):
                 raise RuntimeError(f"stage {name!r} still has work queued or running")
             plugin = self.engine.plugins.pop(name)
             self.engine._single.pop(name, None)

@@ -1,4 +1,4 @@
-"""What the engine's parts share: a stage's status and measured pace, the access gate's
+"""What the engine's parts share: a stage's status, the access gate's
 interface, and how a failure is told in one line."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hetero.framework.engine.pacing import Pace
 from hetero.framework.errors import HeteroError
 
 __all__ = [
@@ -54,11 +53,6 @@ class StageStatus:
     recent_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_RUNS))
     light_runs: int = 0
     batches: int = 0
-    paces: dict[str, Pace] = field(default_factory=dict)  # by variant: admission's estimates
-
-    def pace(self, variant: str) -> Pace:
-        """The measured pace of ``variant`` (made on first use)."""
-        return self.paces.setdefault(variant, Pace())
 
 
 def describe_failure(err: BaseException) -> str:

@@ -255,7 +255,7 @@ class WarmUp:
         units = self.engine.admitter.units(self.engine.admitter.profile(stage, probe))
         with self.engine._lock:
             self.engine.scheduler.calibrate(stage, device_id, seconds, plugin.items(probe))
-            self.engine.status[stage].pace("full").seed(seconds, plugin.items(probe), units)
+            self.engine.admission.pace(stage).seed(seconds, plugin.items(probe), units)
         return seconds
 
     def _preload(self, stage: str, device_id: str) -> None:

@@ -29,6 +29,7 @@ def request_from_kind(kind: RequestKind, index: int, arrival: float) -> SimReque
         images=kind.images,
         image_pixels=kind.image_pixels,
         audio_seconds=kind.audio_seconds,
+        tenant=kind.tenant,
     )
 
 

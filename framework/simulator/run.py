@@ -42,6 +42,7 @@ from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import ShedError
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
+from hetero.framework.request_profile import RequestProfile
 from hetero.framework.scheduler import (
     Batcher,
     Dispatch,
@@ -51,7 +52,7 @@ from hetero.framework.scheduler import (
     StageTask,
     VirtualClock,
 )
-from hetero.framework.scheduler.admission import StageAdmission
+from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.scheduler.warmup import PredictiveWarmup
 from hetero.framework.simulator.arrivals import (
     RequestSource,
@@ -76,7 +77,7 @@ class _RequestRun:
     request: SimRequest
     pipeline: Pipeline
     qos: str
-    variant: str
+    variants: dict[str, str]  # by stage: what admission chose
     client: int | None
     done: dict[str, OutputHandle] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
@@ -120,7 +121,7 @@ class _Simulation:
             if warmup.enabled or eviction == "predictive"
             else None
         )
-        self.admission = StageAdmission(policy)
+        self.admission = RequestAdmission(policy, self.scheduler)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
         self.events: list[tuple[float, int, int, object]] = []
         self.sequence = itertools.count()
@@ -147,6 +148,10 @@ class _Simulation:
         self.modality = {name: stage.modality for name, stage in spec.stages.items()}
         self.variants = {name: frozenset(stage.variants) for name, stage in spec.stages.items()}
         self.pipelines = {route: policy.pipeline_for_route(route) for route in spec.routes}
+        self.stages_of = {  # each pipeline's stages, once each, in order: admitted at arrival
+            name: tuple(dict.fromkeys(pipeline.steps[step].stage for step in pipeline.order))
+            for name, pipeline in policy.pipelines.items()
+        }
         self.stage_of = {
             name: {step: s.stage for step, s in pipeline.steps.items()}
             for name, pipeline in policy.pipelines.items()
@@ -163,6 +168,29 @@ class _Simulation:
         self.kv = PagedKv(spec.scheduler.kv_block_tokens)
         self.continuous = spec.scheduler.batching.llm == "continuous"
         self.load_draws = random.Random(workload.spec.seed)
+        self._seed_paces()
+
+    def _seed_paces(self) -> None:
+        """Admission's paces before any batch ran, as the engine's warm-up probe seeds them:
+        one nominal item on the fastest device that runs each stage variant."""
+        spec = self.workload.spec
+        for name, stage in self.policy.spec.stages.items():
+            nominal = spec.stage_nominal.get(name, spec.nominal)
+            probe = SimRequest(
+                index=-1,
+                arrival=0.0,
+                route="",
+                qos=None,
+                text_tokens=int(nominal.text_tokens),
+                images=1,
+                image_pixels=int(nominal.image_pixels),
+                audio_seconds=nominal.audio_seconds,
+            )
+            units = self.admission.units(self._profile(name, probe))
+            for variant in stage.variants:
+                run_s = self.scheduler.fastest_s(name, str(variant))
+                if np.isfinite(run_s):
+                    self.admission.pace(name, str(variant)).seed(run_s, 1, units)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -274,23 +302,20 @@ class _Simulation:
         if request.arrival >= self.workload.spec.warmup_s:
             self.metrics.offered_by_class[qos] += 1
         pipeline = self.pipelines[request.route]
-        first = self.stage_of[pipeline.name][pipeline.order[0]]
         if self.warmup is not None:
             stages = sorted({step.stage for step in pipeline.steps.values()})
             self.warmup.observe([f"{stage}/full" for stage in stages], request.arrival)
-        scale = self._request_scale(first, request)
-        variants = self.variants[first]
-        try:  # the engine's admission, judged against the simulated queue and cost model
-            admitted = self.admission.decide(
-                first,
-                qos,
-                run_s=self.scheduler.fastest_s(first, "full") * scale,
-                light_run_s=self.scheduler.fastest_s(first, "light") * scale
-                if "light" in variants
-                else None,
-                depth=self.scheduler.queued(first),
-                queue_delay_s=self.scheduler.queue_delay_s(),
-            )
+        variants: dict[str, str] = {}
+        admission = self.admission
+        try:  # the engine's admission: every stage, its pace, queue and fair shares
+            for stage in self.stages_of[pipeline.name]:
+                variants[stage] = admission.admit(
+                    stage,
+                    qos,
+                    items=max(1, request.images) if self.modality[stage] == "image" else 1,
+                    units=admission.units(self._profile(stage, request)),
+                    principal=request.tenant,
+                ).variant
         except ShedError:
             self._shed(client)
             return
@@ -298,9 +323,12 @@ class _Simulation:
             request=request,
             pipeline=pipeline,
             qos=qos,
-            variant=admitted.variant,
+            variants=variants,
             client=client,
         )
+        if request.tenant is not None:
+            for stage in variants:
+                admission.shares.hold(stage, request.tenant)
         self.runs[request.index] = run
         if not self._enqueue_ready(run):
             self._drop(run)
@@ -308,9 +336,17 @@ class _Simulation:
 
     def _drop(self, run: _RequestRun) -> None:
         """Forget a request that will not finish and cancel its queued steps."""
-        self.runs.pop(run.request.index, None)
+        if self.runs.pop(run.request.index, None) is not None:
+            self._release(run)
         for task in run.tasks:
             self.scheduler.cancel(task)
+
+    def _release(self, run: _RequestRun) -> None:
+        """A request ended: its tenant's shares of its stages go back."""
+        tenant = run.request.tenant
+        if tenant is not None:
+            for stage in run.variants:
+                self.admission.shares.release(stage, tenant)
 
     def _back_off(self, client: int | None) -> None:
         if client is not None:  # a refused closed-loop client waits a second and tries again
@@ -328,13 +364,14 @@ class _Simulation:
                 request_id=str(run.request.index),
                 stage=stage,
                 step=step,
-                variant=run.variant if run.variant in self.variants[stage] else "full",
+                variant=run.variants.get(stage, "full"),
                 qos_class=run.qos,
                 arrival=run.request.arrival,
                 deadline=run.request.arrival + self.metrics.deadlines[run.qos],
                 inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
                 enqueued_at=self.clock.now(),
                 kv_tokens=run.request.text_tokens + run.request.output_tokens,
+                units=self.admission.units(self._profile(stage, run.request)),
             )
             try:
                 self.scheduler.enqueue(task)
@@ -353,6 +390,7 @@ class _Simulation:
                     self.metrics.failed += 1
                     self._back_off(run.client)
                 continue
+            self.admission.started(outcome.task)
             device = self.devices[outcome.device_id]
             self.waiting.add(outcome.device_id)
             self.touched.add(outcome.device_id)
@@ -401,7 +439,11 @@ class _Simulation:
             if ready:
                 _, key = min(ready)
                 self._start(device, key, device.batchers[key].take(now))
-            elif not (device.engines and self._start_engine(device, now)):
+            elif device.engines and self._start_engine(device, now):
+                # another engine of the device (a light variant's) may already wait for a
+                # step boundary: the window it started ends at its first one
+                self._cut_window(device, now)
+            else:
                 self._start_prefetch(device)
             if not any(device.batchers.values()) and not device.engine_work():
                 self.waiting.discard(device_id)
@@ -410,6 +452,21 @@ class _Simulation:
         """Work of this request's stage relative to the hint's nominal item."""
         run = self.runs.get(int(dispatch.task.request_id))
         return 1.0 if run is None else self._request_scale(dispatch.task.stage, run.request)
+
+    def _profile(self, stage: str, request: SimRequest) -> RequestProfile:
+        """What the stage's plugin would measure of ``request``'s input (its profile): the
+        pixels of its images, its audio's seconds, or its prompt's tokens plus those it
+        generates (as the LLM plugin counts)."""
+        modality = self.modality[stage]
+        if modality == "image":
+            spec = self.workload.spec
+            pixels = (
+                request.image_pixels or spec.stage_nominal.get(stage, spec.nominal).image_pixels
+            )
+            return RequestProfile(image_pixels=int(max(1, request.images) * pixels))
+        if modality == "audio":
+            return RequestProfile(audio_seconds=request.audio_seconds)
+        return RequestProfile(text_tokens=request.text_tokens + request.output_tokens)
 
     def _request_scale(self, stage: str, request: SimRequest) -> float:
         """Work of ``request`` in ``stage`` relative to the hint's nominal item."""
@@ -567,6 +624,14 @@ class _Simulation:
         device.busy = False
         if kv_batch is not None:
             self.kv.remove(device_id, kv_batch)
+        first = batch[0]
+        self.admission.observe(  # as the engine folds each batch it ran into the stage's pace
+            first.task.stage,
+            first.model_key.split("/", 1)[1],
+            run_s,
+            sum(d.task.items for d in batch) or 1,
+            sum(d.task.units for d in batch),
+        )
         for dispatch in batch:
             self._finish(dispatch, device_id, run_s, len(batch))
 
@@ -575,6 +640,7 @@ class _Simulation:
         steps."""
         now = self.clock.now()
         self.scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=batch_size)
+        self.admission.finished(dispatch.task)
         run = self.runs.get(int(dispatch.task.request_id))
         if run is None:
             return
@@ -584,6 +650,7 @@ class _Simulation:
         )
         if all(sink in run.done for sink in run.pipeline.sinks):
             del self.runs[run.request.index]
+            self._release(run)
             latency = now - run.request.arrival
             if run.request.arrival >= self.workload.spec.warmup_s:
                 self.metrics.latencies.append(latency)
@@ -710,6 +777,9 @@ class _Simulation:
             # its time in the engine, less the loads and transfers before its prefills: what
             # the scheduler's correction and slow-call breaker judge is the device's running
             run_s = max(0.0, now - (sequence.admitted_at or now) - sequence.before_run_s)
+            task = sequence.item.task
+            variant = sequence.item.model_key.split("/", 1)[1]
+            self.admission.observe(task.stage, variant, run_s, task.items, task.units)
             self._finish(sequence.item, device_id, run_s, max(1, round(sequence.mean_batch)))
 
 

@@ -50,6 +50,7 @@ class RequestKind(_Frozen):
     images: Annotated[StrictInt, Field(ge=0)] = 0
     image_pixels: Annotated[StrictInt, Field(ge=0)] = 0
     audio_seconds: NonNegative = 0.0
+    tenant: StrictStr | None = None  # who sends it: held to a fair share of each stage
 
 
 class Arrivals(_Frozen):
@@ -110,6 +111,7 @@ class SimRequest:
     images: int = 0
     image_pixels: int = 0
     audio_seconds: float = 0.0
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from hetero.framework.errors import (
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
-from hetero.framework.scheduler import RequestProfile
+from hetero.framework.scheduler import RequestProfile, StageTask
 
 OPENVINO = "npu:openvino/CPU"
 ORT = "npu:onnxruntime/CPUExecutionProvider"
@@ -205,21 +205,22 @@ def test_heavy_requests_are_degraded_or_shed() -> None:
         small = RequestProfile(text_tokens=100)
         for _ in range(3):  # measures the stage's pace per complexity unit
             assert not engine.run("/two", {"x": x}, timeout=60, profile=small).degraded
-        pace = engine.status["encode"].pace("full")
+        pace = engine.admission.pace("encode")
         assert pace.unit_s > 0 and pace.item_s > 0
         # 5 s deadline: a request estimated past half of it runs light while work is queued,
         # one past all of it is shed with a Retry-After; an idle stage admits anything.
         heavy = RequestProfile(text_tokens=int(100 * 3.0 / (pace.unit_s * 0.1)))
         huge = RequestProfile(text_tokens=int(100 * 60.0 / (pace.unit_s * 0.1)))
         assert engine.admit("encode", None, huge) == ("full", "")
-        engine._running["encode"] += 1  # as if a batch were running (test only)
+        running = StageTask("t", "encode", "encode", "full", "standard", 0.0, 1.0)
+        engine.admission.started(running)  # as if a batch were running (test only)
         try:
             variant, reason = engine.admit("encode", None, heavy)
             assert variant == "light" and "of the deadline" in reason
             with pytest.raises(ShedError) as caught:
                 engine.submit("/two", {"x": x}, profile=huge)
         finally:
-            engine._running["encode"] -= 1
+            engine.admission.finished(running)
         assert caught.value.status == 429 and caught.value.retry_after_s >= 1.0
         assert "deadline" in str(caught.value)
 

@@ -180,8 +180,8 @@ def test_a_request_refused_as_it_starts_gives_its_shares_back(engine: Any) -> No
     for _ in range(3):
         with pytest.raises(InvalidInputError, match="over the limit"):
             running_engine.submit_graph(graph(_refuse))
-    assert running_engine._shares.held("join", "alice") == 0
-    assert running_engine._shares.held("left", "alice") == 0
+    assert running_engine.admission.shares.held("join", "alice") == 0
+    assert running_engine.admission.shares.held("left", "alice") == 0
     assert running_engine._requests == {}
     assert running == []
 
