@@ -23,7 +23,7 @@ from hetero.framework.simulator.report import compare, plot, table_rows
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parents[1] / "results" / "scenarios"
-SCENARIOS = ("ref-8xa100", "thrash", "mixed-fleet", "azure-conv", "warmup")
+SCENARIOS = ("ref-8xa100", "thrash", "mixed-fleet", "azure-conv", "warmup", "multimodal")
 COLUMNS = (
     "mean_ms",
     "p50_ms",

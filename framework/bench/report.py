@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.framework.bench.scheduler import QUEUE_LENGTHS, run_scheduler_bench
+from hetero.framework.bench.scheduler_sim import measure_simulator
 from hetero.framework.output import print_json
 
 
@@ -39,12 +40,19 @@ def run_bench_scheduler(console: Console, as_json: bool, devices: int = 64) -> i
             largest["naive"]["p50_us"] / smallest["naive"]["p50_us"], 2
         ),
     }
-    payload = {
+    simulator = measure_simulator()
+    goal_us = 50 if devices <= 64 else 100
+    payload: dict[str, Any] = {
         "devices": devices,
         "stages": 8,
-        "goal": {"p99_us_at_10000": 50 if devices <= 64 else 100, "speedup_at_10000": 10},
+        "goal": {
+            "cpu_p99_us_at_10000": goal_us,
+            "speedup_at_10000": 10,
+            "simulator_requests_per_cpu_s_at_1000_devices": simulator["goal_requests_per_cpu_s"],
+        },
         "results": rows,
         "growth": growth,
+        "simulator": simulator,
     }
     if as_json:
         print_json(console, payload)
@@ -70,6 +78,14 @@ def run_bench_scheduler(console: Console, as_json: bool, devices: int = 64) -> i
     console.print(
         f"p50 grows {growth['hetero_p50_ratio_10000_vs_100']}x from 100 to 10,000 queued "
         f"(naive: {growth['naive_p50_ratio_10000_vs_100']}x)"
+    )
+    met = rows[-1]["hetero"]["cpu_p99_us"] < goal_us
+    console.print(f"goal: CPU p99 < {goal_us} us at 10,000 queued: {'met' if met else 'MISSED'}")
+    console.print(
+        f"simulator, {simulator['devices']:,} devices ({simulator['requests']:,} requests): "
+        f"{simulator['requests_per_cpu_s']:,.0f} requests per CPU second (goal "
+        f"{simulator['goal_requests_per_cpu_s']:,.0f}), {simulator['requests_per_wall_s']:,.0f} "
+        f"per wall second; {simulator['cpu_s']:.2f} s CPU, {simulator['wall_s']:.2f} s wall"
     )
     return 0
 
