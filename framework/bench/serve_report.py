@@ -10,9 +10,16 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.framework.bench.serve import DEFAULT_CONCURRENCY, run_serve_bench
+from hetero.framework.bench.serve_placement import RUNTIMES, run_placement_bench
 from hetero.framework.output import print_json
 
-__all__ = ["parse_concurrency", "print_report", "run_bench_serve"]
+__all__ = [
+    "parse_concurrency",
+    "print_placement_report",
+    "print_report",
+    "run_bench_placement",
+    "run_bench_serve",
+]
 
 
 def parse_concurrency(text: str) -> tuple[int, ...]:
@@ -123,4 +130,72 @@ def run_bench_serve(
         print_json(console, result)
     else:
         print_report(console, result)
+    return 0
+
+
+def print_placement_report(console: Console, result: dict[str, Any]) -> None:
+    """``--placement``: every stack's points, start-up and memory, where each stage ran and
+    why warm-up left a runtime idle, then the ratios and goals."""
+    table = Table(
+        title=(
+            f"Placement, closed loop, {result['seconds']:g} s per point, {result['cpus']} CPUs"
+            f" (policy {result['policy']}, cache off)"
+        ),
+        title_justify="left",
+    )
+    for column in ("stack", "conc", "req/s", "p50 / p99 ms", "embed", "vision", "err"):
+        table.add_column(column, justify="left" if column == "stack" else "right")
+    stacks = result["stacks"]
+    for name, stack in stacks.items():
+        for row in _rows(name, "", stack.get("points", {})):
+            del row[1]
+            table.add_row(*row)
+    console.print(table)
+    console.print("embed / vision columns: req/s: p50 / p99 ms", highlight=False)
+    for name, stack in stacks.items():
+        console.print(
+            f"{name}: start-up {stack['startup_s']:.2f} s, idle RSS {stack['idle_rss_mb']:.0f} MB,"
+            f" assignment {stack['assignment']}",
+            highlight=False,
+        )
+        for stage in stack.get("stages", []):
+            ran = ", ".join(f"{d} {n}" for d, n in sorted(stage.get("placements", {}).items()))
+            console.print(
+                f"  {stage['stage']}: ran on {ran or 'nothing measured'}; resident on "
+                f"{stage.get('resident_on')}",
+                highlight=False,
+            )
+            for device, why in stage.get("idle_devices", {}).items():
+                console.print(f"    {device} idle: {why}", highlight=False)
+    console.print(
+        f"load average (1, 5, 15 min) at the end: {result['load_average']}; "
+        f"wall {result['wall_s']} s",
+        highlight=False,
+    )
+    for key, value in result["ratios"].items():
+        console.print(f"{key}: {value}", highlight=False)
+    for name, goal in result["goals"].items():
+        met = {True: "met", False: "missed", None: "n/a"}[goal["met"]]
+        console.print(f"{name}: {goal['value']} (goal {goal['goal']}): {met}", highlight=False)
+
+
+def run_bench_placement(
+    console: Console,
+    as_json: bool,
+    seconds: float = 5.0,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    runtimes: Sequence[str] = RUNTIMES,
+) -> int:
+    """Run the placement comparison and print it (progress on stderr)."""
+    err = Console(stderr=True)
+    result = run_placement_bench(
+        seconds,
+        concurrency,
+        runtimes=runtimes,
+        progress=lambda message: err.print(message, highlight=False),
+    )
+    if as_json:
+        print_json(console, result)
+    else:
+        print_placement_report(console, result)
     return 0

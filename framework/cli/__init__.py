@@ -90,6 +90,17 @@ def _add_bench(commands: Any) -> None:
     bench.add_argument(
         "--concurrency", default="1,8,32", help="serve: closed-loop clients per point, e.g. 1,8,32"
     )
+    bench.add_argument(
+        "--placement",
+        action="store_true",
+        help="serve: free placement against each single-runtime pinning and the hand-tuned "
+        "assignment (instead of the stacks against FastAPI)",
+    )
+    bench.add_argument(
+        "--runtimes",
+        default="onnxruntime,openvino,torch",
+        help="serve --placement: the runtimes to pin every stage to, one stack each",
+    )
 
 
 def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -100,6 +111,18 @@ def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Nam
             levels = parse_concurrency(args.concurrency)
         except ValueError as error:
             parser.error(str(error))
+        if args.placement:
+            from hetero.framework.bench.serve_report import run_bench_placement
+
+            runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
+            from hetero.framework.bench.serve_placement import RUNTIMES
+
+            unknown = [r for r in runtimes if r not in RUNTIMES]
+            if not runtimes or unknown:
+                parser.error(
+                    f"--runtimes: one or more of {', '.join(RUNTIMES)}, got {args.runtimes!r}"
+                )
+            return run_bench_placement(out, args.json, args.seconds, levels, runtimes)
         return run_bench_serve(out, args.json, args.seconds, levels)
     from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
 

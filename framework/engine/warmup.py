@@ -90,8 +90,25 @@ class WarmUp:
         timings = self.engine.status[stage].timings
         if self.engine.probe and best not in timings and self.engine.models[best].resident(key):
             self._seed_pace(stage, best)
+            self._relevel(stage, best, kept, probe)
         self._say_idle(stage, best, kept)
         return best
+
+    def _relevel(self, stage: str, best: str, kept: dict[str, float], probe: Any) -> None:
+        """``best`` was timed again now (admission's pace) while the others kept an earlier
+        start's figures: move those that share its compute by the same factor, so the
+        ranking stays the one measured side by side and only the level is today's (a busier
+        machine today must not make the idle runtimes look faster)."""
+        now = self.engine.status[stage].timings.get(best)
+        if best not in kept or not isinstance(now, float) or probe is None:
+            return
+        factor = now / kept[best]
+        items = self.engine.plugins[stage].items(probe)
+        scheduler = self.engine.scheduler
+        with self.engine._lock:
+            for device_id, seconds in kept.items():
+                if device_id != best and scheduler.shares_compute(device_id, best):
+                    scheduler.calibrate(stage, device_id, seconds * factor, items)
 
     def _probe(
         self,

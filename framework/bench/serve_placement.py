@@ -1,0 +1,307 @@
+"""``hetero bench serve --placement``: free placement against every single-runtime pinning and
+the hand-tuned assignment, side by side in one run, on the serve bench's load.
+
+The stacks, each a ``hetero serve`` child process with the feature cache off:
+
+- ``pinned:<runtime>``: every stage pinned to one runtime (ONNX Runtime, OpenVINO, torch);
+- ``free (first start)``: unpinned, with no warm-up timings kept: warm-up times every
+  runtime, keeps the figures, and is measured for start-up and idle memory only;
+- ``hand-tuned``: each stage pinned to the runtime its own warm-up probe ran fastest on
+  (what a person reading those figures would pin);
+- ``free``: unpinned again, starting with the kept figures (a restart), measured in full.
+
+Start-up and idle memory are each stack's alone (they start one at a time); the points are
+then measured interleaved over rounds (:func:`run_placement_bench`), with every stack up and
+idle between its turns. The report gives per concurrency free over the
+best pinning and over the hand-tuned assignment, start-up and idle memory against the best
+pinning's, where each stage ran (placements per device) and why warm-up left a runtime idle.
+The warm-up timings live in a file of this run (``HETERO_CALIBRATION_FILE``), so a user's kept
+figures neither help nor hurt it. Timing is never pass/fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from hetero.framework.bench import serve_procs as bench_procs
+from hetero.framework.bench.serve import POLICY, READY_TIMEOUT_S, _warm, _warmup_s
+from hetero.framework.bench.serve_load import closed_loop
+from hetero.framework.bench.serve_mix import RequestMix, new_nonce
+
+__all__ = ["RUNTIMES", "assignment_policy", "placement_ratios", "run_placement_bench"]
+
+RUNTIMES = ("onnxruntime", "openvino", "torch")
+Progress = Callable[[str], None]
+
+
+def assignment_policy(
+    policy: str, folder: Path, label: str, assignment: Mapping[str, str] | None
+) -> str:
+    """A copy of ``policy`` with the feature cache off and ``server.runtimes`` set to
+    ``assignment`` (None: no pins, placement is free)."""
+    from hetero.framework.policy import builtin_policy_text
+
+    name = policy.removeprefix("builtin:")
+    text = builtin_policy_text(name) if policy.startswith("builtin:") else Path(policy).read_text()
+    data = yaml.safe_load(text)
+    data["cache"] = {**data.get("cache", {}), "enabled": False}
+    server = data.setdefault("server", {})
+    server.pop("runtimes", None)
+    if assignment:
+        server["runtimes"] = dict(assignment)
+    target = folder / f"{name}-{label.replace(':', '-').replace(' ', '-')}.yaml"
+    target.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(target)
+
+
+def _stages(policy: str) -> list[str]:
+    from hetero.framework.policy import builtin_policy_text
+
+    name = policy.removeprefix("builtin:")
+    text = builtin_policy_text(name) if policy.startswith("builtin:") else Path(policy).read_text()
+    return list(yaml.safe_load(text)["stages"])
+
+
+@contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block (the child processes inherit it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _fastest_alone(stages: list[dict[str, Any]]) -> dict[str, str]:
+    """Per stage, the runtime whose warm-up probe was fastest (the free first start's
+    figures: each runtime timed alone, one after another)."""
+    out = {}
+    for stage in stages:
+        timed = {
+            device: seconds
+            for device, seconds in stage.get("warmup_timings_s", {}).items()
+            if isinstance(seconds, int | float)
+        }
+        if timed:
+            device = min(timed, key=timed.__getitem__)
+            out[stage["stage"]] = device.split(":", 1)[1].split("/", 1)[0]
+    return out
+
+
+@dataclass(slots=True)
+class _Stack:
+    """One running ``hetero serve`` child and what was measured of it."""
+
+    label: str
+    url: str
+    process: subprocess.Popen[bytes]
+    figures: dict[str, Any]
+    rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _start(label: str, policy_path: str, folder: Path, report: Progress) -> _Stack:
+    """Start a stack, wait until it is ready, exercise both routes, take start-up and idle
+    memory, and leave it running."""
+    port = bench_procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = folder / f"{label.replace(':', '-').replace(' ', '-')}.log"
+    args = ["serve", "--policy", policy_path, "--port", str(port)]
+    report(f"{label}: starting")
+    began = time.perf_counter()
+    process = bench_procs.start(bench_procs.CLI_MODULE, args, log)
+    try:
+        bench_procs.wait_ready(url, "/ready", process, READY_TIMEOUT_S)
+    except RuntimeError as err:
+        bench_procs.stop(process)
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{label}: {err}\n{tail}") from err
+    startup_s = time.perf_counter() - began
+    _warm(url)
+    time.sleep(0.5)
+    figures = {
+        "startup_s": round(startup_s, 2),
+        "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
+    }
+    return _Stack(label, url, process, figures)
+
+
+def _stages_of(stack: _Stack) -> list[dict[str, Any]]:
+    with httpx.Client(base_url=stack.url, timeout=10.0, trust_env=False) as client:
+        stages: list[dict[str, Any]] = client.get("/v1/devices").json().get("stages", [])
+    return stages
+
+
+def _median_point(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median throughput (its latencies and routes as measured), with
+    every round's req/s beside it."""
+    ordered = sorted(rounds, key=lambda point: point["req_s"])
+    point = dict(ordered[(len(ordered) - 1) // 2])
+    point["rounds_req_s"] = [r["req_s"] for r in rounds]
+    return point
+
+
+def run_placement_bench(
+    seconds: float = 5.0,
+    concurrency: Sequence[int] = (1, 8, 32),
+    *,
+    policy: str = POLICY,
+    runtimes: Sequence[str] = RUNTIMES,
+    rounds: int = 2,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure every stack (module doc) and return the report.
+
+    The stacks start one at a time (start-up and idle memory are each one's alone) and then
+    all stay up, idle, while the points are measured interleaved: for each round and
+    concurrency every stack in turn, the order rotated each round. A stack's figure at a
+    concurrency is its median round; a load that drifts over the run (other work on the
+    machine) then falls on every stack alike instead of on whichever ran last.
+    """
+    report = progress or (lambda message: None)
+    stages = _stages(policy)
+    began = time.monotonic()
+    running: list[_Stack] = []
+    first: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="hetero-bench-placement-") as directory:
+        folder = Path(directory)
+
+        def path(label: str, assignment: Mapping[str, str] | None) -> str:
+            return assignment_policy(policy, folder, label, assignment)
+
+        try:
+            with _environment("HETERO_CALIBRATION_FILE", str(folder / "calibration.json")):
+                for runtime in runtimes:
+                    label = f"pinned:{runtime}"
+                    running.append(
+                        _start(label, path(label, dict.fromkeys(stages, runtime)), folder, report)
+                    )
+                calibrating = _start("free (first start)", path("free-first", None), folder, report)
+                first = {
+                    **calibrating.figures,
+                    "stages": _stages_of(calibrating),
+                    "assignment": "free",
+                }
+                bench_procs.stop(calibrating.process)
+                tuned = _fastest_alone(first["stages"])
+                running.append(_start("hand_tuned", path("hand-tuned", tuned), folder, report))
+                running.append(_start("free", path("free", None), folder, report))
+            for round_index in range(rounds):
+                for workers in concurrency:
+                    shift = round_index % len(running)
+                    for stack in running[shift:] + running[:shift]:
+                        report(f"round {round_index + 1}: {stack.label} at concurrency {workers}")
+                        point = closed_loop(
+                            stack.url,
+                            RequestMix(new_nonce()),
+                            workers,
+                            warmup_s=_warmup_s(seconds),
+                            seconds=seconds,
+                        )
+                        stack.rounds.setdefault(str(workers), []).append(point)
+            stacks: dict[str, Any] = {}
+            assignments = {
+                s.label: dict.fromkeys(stages, s.label.split(":")[1])
+                for s in running
+                if s.label.startswith("pinned:")
+            }
+            assignments["hand_tuned"] = tuned
+            for stack in running:
+                stacks[stack.label] = {
+                    **stack.figures,
+                    "assignment": assignments.get(stack.label, "free"),
+                    "points": {c: _median_point(r) for c, r in stack.rounds.items()},
+                    "rss_after_load_mb": bench_procs.tree_rss_mb(stack.process.pid),
+                    "stages": _stages_of(stack),
+                }
+            stacks["free_first_start"] = first
+        finally:
+            for stack in running:
+                bench_procs.stop(stack.process)
+    result: dict[str, Any] = {
+        "seconds": seconds,
+        "warmup_s": _warmup_s(seconds),
+        "rounds": rounds,
+        "concurrency": list(concurrency),
+        "policy": policy,
+        "cpus": os.cpu_count(),
+        "stacks": stacks,
+        "wall_s": round(time.monotonic() - began, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    result["ratios"], result["goals"] = placement_ratios(stacks, list(concurrency))
+    return result
+
+
+def _div(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return round(float(a) / float(b), 2)
+
+
+def placement_ratios(
+    stacks: dict[str, Any], concurrency: list[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Free over the best pinning and over the hand-tuned assignment per concurrency; start-up
+    and idle memory of free (a restart, timings kept) and of its first start over the best
+    pinning's (the pinning with the most requests per second at the middle concurrency)."""
+    pinned = {name: s for name, s in stacks.items() if name.startswith("pinned:")}
+    free, tuned = stacks["free"], stacks.get("hand_tuned")
+    out: dict[str, Any] = {}
+    goals: dict[str, tuple[Any, str]] = {}
+    for c in map(str, concurrency):
+        rates = {name: s["points"][c]["req_s"] for name, s in pinned.items()}
+        best = max(rates, key=rates.__getitem__)
+        out[f"c{c}_best_pinning"] = best
+        out[f"c{c}_free_vs_best_pinning"] = _div(free["points"][c]["req_s"], rates[best])
+        goals[f"c{c} free placement vs best single-runtime pinning ({best})"] = (
+            out[f"c{c}_free_vs_best_pinning"],
+            ">= 1.0",
+        )
+        if tuned is not None:
+            out[f"c{c}_free_vs_hand_tuned"] = _div(
+                free["points"][c]["req_s"], tuned["points"][c]["req_s"]
+            )
+            goals[f"c{c} free placement vs hand-tuned assignment"] = (
+                out[f"c{c}_free_vs_hand_tuned"],
+                ">= 1.0",
+            )
+    mid = "8" if 8 in concurrency else str(sorted(concurrency)[len(concurrency) // 2])
+    reference = max(pinned, key=lambda name: pinned[name]["points"][mid]["req_s"])
+    out["reference_pinning"] = reference
+    for label, stack in (("free", free), ("free_first_start", stacks.get("free_first_start"))):
+        if stack is None:
+            continue
+        for figure in ("startup_s", "idle_rss_mb"):
+            out[f"{label}_{figure}_vs_reference"] = _div(stack[figure], pinned[reference][figure])
+    goals[f"free start-up (timings kept) vs {reference}"] = (
+        out["free_startup_s_vs_reference"],
+        "<= 1.3",
+    )
+    goals[f"free idle RSS vs {reference}"] = (out["free_idle_rss_mb_vs_reference"], "<= 1.3")
+    return out, {
+        name: {"value": value, "goal": goal, "met": _met(value, goal)}
+        for name, (value, goal) in goals.items()
+    }
+
+
+def _met(value: Any, goal: str) -> bool | None:
+    if not isinstance(value, int | float):
+        return None
+    op, bound = goal.split()
+    limit = float(bound)
+    return {">=": value >= limit, "<=": value <= limit}[op]

@@ -1,0 +1,86 @@
+"""``hetero bench serve --placement``'s parts that need no server: the policies it writes,
+the hand-tuned assignment it reads from warm-up timings, and the ratios it reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetero.framework.bench.serve_placement import (
+    _fastest_alone,
+    _median_point,
+    assignment_policy,
+    placement_ratios,
+)
+from hetero.framework.policy import load_policy
+
+
+def test_each_stack_gets_the_bench_policy_with_its_pins_and_the_cache_off(tmp_path: Path) -> None:
+    pins = {"text_embed": "openvino", "vision_encode": "onnxruntime"}
+    pinned = yaml.safe_load(
+        Path(assignment_policy("builtin:bench-serve", tmp_path, "x", pins)).read_text()
+    )
+    assert pinned["server"]["runtimes"] == pins and pinned["cache"]["enabled"] is False
+    free = assignment_policy("builtin:bench-serve", tmp_path, "free", None)
+    assert "runtimes" not in yaml.safe_load(Path(free).read_text())["server"]
+    assert load_policy(free).spec.server.runtimes == {}  # a valid policy, pins gone
+
+
+def test_the_hand_tuned_assignment_is_each_stages_fastest_runtime_alone() -> None:
+    stages = [
+        {
+            "stage": "vision_encode",
+            "warmup_timings_s": {
+                "npu:openvino/CPU": 0.044,
+                "npu:onnxruntime/CPUExecutionProvider": 0.015,
+                "npu:torch/cpu": "unavailable: no torch",
+            },
+        },
+        {
+            "stage": "text_embed",
+            "warmup_timings_s": {"npu:openvino/CPU": 0.02, "npu:torch/cpu": 0.9},
+        },
+    ]
+    assert _fastest_alone(stages) == {"vision_encode": "onnxruntime", "text_embed": "openvino"}
+
+
+def _stack(rates: dict[str, float], startup_s: float = 2.0, rss: float = 300.0) -> dict[str, Any]:
+    return {
+        "startup_s": startup_s,
+        "idle_rss_mb": rss,
+        "points": {c: {"req_s": r} for c, r in rates.items()},
+    }
+
+
+def test_free_is_read_against_the_best_pinning_at_each_concurrency() -> None:
+    stacks = {
+        "pinned:onnxruntime": _stack({"1": 50.0, "8": 40.0}, startup_s=2.0, rss=300.0),
+        "pinned:openvino": _stack({"1": 40.0, "8": 50.0}, startup_s=4.0, rss=400.0),
+        "hand_tuned": _stack({"1": 50.0, "8": 55.0}),
+        "free": _stack({"1": 55.0, "8": 50.0}, startup_s=4.4, rss=440.0),
+    }
+    ratios, goals = placement_ratios(stacks, [1, 8])
+    assert (
+        ratios["c1_best_pinning"] == "pinned:onnxruntime"
+        and ratios["c1_free_vs_best_pinning"] == 1.1
+    )
+    assert (
+        ratios["c8_best_pinning"] == "pinned:openvino" and ratios["c8_free_vs_best_pinning"] == 1.0
+    )
+    assert ratios["c8_free_vs_hand_tuned"] == 0.91
+    # Start-up and memory against the pinning that is best at the middle concurrency.
+    assert ratios["reference_pinning"] == "pinned:openvino"
+    assert ratios["free_startup_s_vs_reference"] == 1.1
+    met = {name: goal["met"] for name, goal in goals.items()}
+    assert met["c8 free placement vs hand-tuned assignment"] is False
+    assert met["c1 free placement vs best single-runtime pinning (pinned:onnxruntime)"] is True
+
+
+def test_a_stacks_figure_is_its_median_round() -> None:
+    point = _median_point(
+        [{"req_s": 30.0, "p99_ms": 9}, {"req_s": 10.0, "p99_ms": 1}, {"req_s": 20.0, "p99_ms": 5}]
+    )
+    assert point["req_s"] == 20.0 and point["p99_ms"] == 5
+    assert point["rounds_req_s"] == [30.0, 10.0, 20.0]
