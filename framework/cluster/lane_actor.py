@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -62,6 +63,10 @@ class LaneActor:
         # Stops that came before their run was registered here (a client that left while the
         # run waited for a thread or its inputs): applied when it registers; bounded.
         self._early_stops: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # the front doors sharing this actor, by id: when each last said it is there
+        self._doors: dict[str, float] = {}
+        self._doors_lock = threading.Lock()
+        self.incarnation = uuid.uuid4().hex  # a restarted actor is a new process: a new one
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -197,6 +202,25 @@ class LaneActor:
     def pick(self, batch_id: str, picks: Sequence[tuple[int, str | None]]) -> list[Any] | None:
         """Kept outputs for a reader in another process (None: gone)."""
         return self.kept.pick(batch_id, picks)
+
+    def touch(self, door: str, *released: str) -> str:
+        """Front door ``door`` is there (its heartbeat, or its first use of this actor); the
+        kept batches it let go of since its last call are released. Answers this process's
+        incarnation: a front door that sees it change knows Ray restarted the actor (without
+        the stages and models it had)."""
+        with self._doors_lock:
+            self._doors[door] = time.monotonic()
+        self.release(*released)
+        return self.incarnation
+
+    def detach(self, door: str, lease_s: float) -> int:
+        """Front door ``door`` leaves: how many others are still there (touched within
+        ``lease_s``; a door that died without leaving stops touching). At 0 the leaving door
+        closes the actor."""
+        now = time.monotonic()
+        with self._doors_lock:
+            self._doors.pop(door, None)
+            return sum(1 for seen in self._doors.values() if now - seen <= lease_s)
 
     def release(self, *batch_ids: str) -> None:
         """Forget kept batches (the front door dropped their last stand-ins)."""

@@ -32,13 +32,16 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
-from hetero.framework.cluster.remote_lanes import RayModelHost, device_resource
+from hetero.framework.cluster.joining import Joining
+from hetero.framework.cluster.lane_start import device_resource
+from hetero.framework.cluster.remote_lanes import RayModelHost
 from hetero.framework.cluster.signals import keeping_sigterm
 from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.errors import (
@@ -56,6 +59,10 @@ RAY_BACKEND = "ray"
 TELEMETRY_WAIT_S = 5.0  # how long reading a node's device telemetry may take
 DISCOVERY_WAIT_S = 60.0  # how long connecting waits for the nodes' agents to report devices
 AGENT_CONCURRENCY = 16  # lanes of one node's devices run side by side, as threads do locally
+# the head (Ray's GCS) unanswered for this many heartbeats, at least HEAD_SILENT_MIN_S: the
+# front door is not ready (its /ready answers 503)
+HEAD_SILENT_BEATS = 3
+HEAD_SILENT_MIN_S = 5.0
 
 
 def _ray() -> Any:
@@ -90,6 +97,10 @@ class RayBackend(Backend):
         self._agent_of: dict[str, Any] = {}  # device id -> the node's agent actor
         self._node_of: dict[str, str] = {}
         self._hosts: weakref.WeakSet[RayModelHost] = weakref.WeakSet()  # the heartbeat flushes
+        self.door = uuid.uuid4().hex  # this front door, as the shared device actors count it
+        self._joining = Joining(lambda device: RayModelHost(self, device))
+        self._head_seen = time.monotonic()  # when the head last answered the heartbeat
+        self._head_error: str | None = None
 
     def add(self, node_id: str, agent: Any, devices: list[tuple[DeviceSpec, Any]]) -> None:
         """Take in the devices one node's agent reported."""
@@ -151,24 +162,68 @@ class RayBackend(Backend):
         return _ray()
 
     def model_host(self, device: DeviceSpec) -> RayModelHost:
-        """The actor of ``device`` on its node, holding its lanes."""
-        host = RayModelHost(self, device)
+        """The actor of ``device`` on its node, holding its lanes (warm already for a device
+        that joined while running)."""
+        host = self._joining.host(device.id) or RayModelHost(self, device)
         with self._lock:
             self._hosts.add(host)
         return host
 
+    def forget(self, host: RayModelHost) -> None:
+        """A closed host: the heartbeat and ``/metrics`` leave it out."""
+        with self._lock:
+            self._hosts.discard(host)
+
     def poll_membership(self) -> list[DeviceSpec]:
         """The heartbeat: nodes Ray reports dead leave placement; agents start on nodes that
-        joined; their devices are returned. Idle devices release the kept outputs the front
-        door dropped since their last run."""
+        joined, whose devices are warmed (:mod:`~hetero.framework.cluster.joining`) and
+        returned once warm. Each device's actor hears that this front door is there, and
+        releases the kept outputs it dropped since its last run."""
         with self._lock:
             hosts = list(self._hosts)
         for host in hosts:
             host.flush()
         if self._cluster is None:
             return []
-        self._cluster.watch(lambda node: self.node_lost(node, f"node {node[:12]} left (heartbeat)"))
-        return self._cluster.refresh()
+        try:
+            self._cluster.watch(
+                lambda node: self.node_lost(node, f"node {node[:12]} left (heartbeat)")
+            )
+            joined = self._cluster.refresh()
+        except Exception as err:  # the head does not answer: /ready says so
+            self._head_error = f"{type(err).__name__}: {err}"
+            raise
+        self._head_seen, self._head_error = time.monotonic(), None
+        self._joining.start(joined, hosts)
+        return self._joining.ready()
+
+    def unreachable(self) -> str | None:
+        """Why the cluster's head (Ray's GCS) is out of reach, or None: its last heartbeat
+        failed, or none has answered for :data:`HEAD_SILENT_BEATS` heartbeats (a call to a
+        lost GCS blocks while Ray tries to reconnect)."""
+        config = self.config
+        if config is None:
+            return None
+        if self._head_error is not None:
+            return f"the Ray cluster's head does not answer: {self._head_error}"
+        silent_s = time.monotonic() - self._head_seen
+        if silent_s > max(HEAD_SILENT_MIN_S, HEAD_SILENT_BEATS * config.heartbeat_s):
+            return f"the Ray cluster's head (GCS) has not answered for {silent_s:.0f} s"
+        return None
+
+    def actor_restarts(self) -> dict[str, int]:
+        """Per device, how often its actor died and came back warm (for ``/metrics``)."""
+        with self._lock:
+            hosts = list(self._hosts)
+        counts: dict[str, int] = {}
+        for host in hosts:
+            counts[host.device.id] = counts.get(host.device.id, 0) + host.restarts
+        return counts
+
+    def close(self) -> None:
+        """End the actors of devices warmed for joining that the engine never took."""
+        self._joining.close()
+        super().close()
 
     def _load(self, executable: Executable) -> tuple[Any, int]:
         raise UnsupportedCapabilityError(_NOT_HERE)

@@ -21,62 +21,58 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.cluster.lane_actor import LOST, LaneActor, StageMissingError
+from hetero.framework.cluster.lane_start import (
+    ACTOR_NICENESS,
+    ACTOR_PREFIX,
+    LANE_SHARE,
+    MAX_RESTARTS,
+    READY_WAIT_S,
+    DeviceCallTimeoutError,
+    actor_name,
+    device_resource,
+    lane_options,
+    restarted,
+    wait_gone,
+)
 from hetero.framework.cluster.stand_ins import (
     CONTROL_GROUP,
     CONTROL_THREADS,
     KeptBatch,
-    RayOutput,
-    RayOutputs,
     sources,
+    stand_in,
 )
+from hetero.framework.cluster.stream_calls import follow
 from hetero.framework.cluster.streams import on_wire
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.lanes import BatchRun
-from hetero.framework.errors import DeviceError, DeviceUnhealthyError, InputLostError
+from hetero.framework.errors import DeviceUnhealthyError, InputLostError
 from hetero.framework.graph import GraphFormat
-from hetero.framework.stage_plugin import Generation, StagePlugin
+from hetero.framework.stage_plugin import StagePlugin
 
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayBackend
 
 __all__ = [
+    "ACTOR_NICENESS",
     "ACTOR_PREFIX",
     "LANE_SHARE",
     "MAX_RESTARTS",
     "DeviceCallTimeoutError",
     "RayModelHost",
+    "Warmth",
     "device_resource",
 ]
 
 logger = logging.getLogger(__name__)
 
 CLOSE_WAIT_S = 10.0  # how long closing a device actor waits for its plugins to close
-
-LANE_SHARE = 0.01  # of a device's resource, held by its actor while it lives
-ACTOR_NICENESS = 0  # a device actor's CPU priority: the front door's lanes', not Ray's 15
-ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this, the device id, a unique suffix
-STOP_POLL_S = 0.05  # how soon a streamed generation's stop reaches its node, at most
-LANE_CONCURRENCY = 16  # runs of the device's stages side by side, reads of its kept outputs
-MAX_RESTARTS = 3  # times Ray restarts a device's actor that died; then a fresh one is started
-READY_WAIT_S = 60.0  # how long a restarted actor may take to answer before it counts as gone
-READY_POLL_S = 0.2  # how often a restarting actor is asked whether it is back
 DEFAULT_CALL_TIMEOUT_S = 60.0  # without a cluster config (cluster.call_timeout_s)
 DEFAULT_LOAD_TIMEOUT_S = 600.0  # (cluster.load_timeout_s)
-
-
-class DeviceCallTimeoutError(DeviceError, TimeoutError):
-    """A call to a device's actor took longer than its timeout (the device is blamed: its
-    breaker counts the failure and the engine runs the batch elsewhere)."""
-
-    def __init__(self, device_id: str, what: str, timeout_s: float) -> None:
-        self.device_id = device_id
-        super().__init__(f"{device_id}: {what} did not answer within {timeout_s:g} s")
-
-
-def device_resource(local_device_id: str) -> str:
-    """The custom Ray resource a node advertises for one of its devices (``ray start
-    --resources '{"hetero/npu:openvino/CPU": 1}'``)."""
-    return f"hetero/{local_device_id}"
+DEFAULT_HEARTBEAT_S = 2.0  # (cluster.heartbeat_s)
+DOOR_LEASE_BEATS = 5  # a front door not heard from for this many heartbeats counts as gone
+DOOR_LEASE_MIN_S = 10.0
+# what a device's actor is given to be warm: its stages' plugins, its resident models' loads
+Warmth = tuple[dict[str, StagePlugin], dict[str, tuple[GraphFormat, int]]]
 
 
 class RayModelHost:
@@ -88,9 +84,8 @@ class RayModelHost:
         self._backend = backend
         self._node_id = str(device.properties["node_id"])
         self._local_id = str(device.properties["node_device"])
-        self._reserve = bool(device.properties.get("reserved"))
         self._handle: Any = None
-        self._name = ""
+        self._name = actor_name(device.id)
         self._stages: set[str] = set()
         self._resident: set[str] = set()
         self._lock = threading.Lock()
@@ -100,10 +95,15 @@ class RayModelHost:
         self._plugins: dict[str, StagePlugin] = {}
         self._loads: dict[str, tuple[GraphFormat, int]] = {}
         self._healing = False
+        self._incarnation = ""  # the actor process's, as its last touch answered
+        self._touched: Any = None  # the heartbeat's last touch, read at the next
         self.restarts = 0  # times this device's actor died and came back warm
         config = backend.config
         self._call_timeout_s = config.call_timeout_s if config else DEFAULT_CALL_TIMEOUT_S
         self._load_timeout_s = config.load_timeout_s if config else DEFAULT_LOAD_TIMEOUT_S
+        self._namespace = config.namespace if config else "hetero"
+        heartbeat_s = config.heartbeat_s if config else DEFAULT_HEARTBEAT_S
+        self._lease_s = max(DOOR_LEASE_MIN_S, DOOR_LEASE_BEATS * heartbeat_s)
 
     @property
     def actor(self) -> Any:
@@ -136,28 +136,35 @@ class RayModelHost:
             return actor
 
     def _start(self) -> Any:
+        """The device's actor: the one on the cluster if another front door started it (or a
+        restart left it), else a new one; this front door is counted in."""
         ray = self._backend.ray()
         strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-        options: dict[str, Any] = {
-            "num_cpus": 0,
-            "max_concurrency": LANE_CONCURRENCY,
-            # an actor that dies on a live node is restarted by Ray (same name and handle) and
-            # warmed by _heal before the device takes work again; calls in flight fail
-            "max_restarts": MAX_RESTARTS,
-            "scheduling_strategy": strategy(node_id=self._node_id, soft=False),
-            # Ray starts workers at nice 15 (below its raylet); a device actor does what a lane
-            # thread does in one process, at the same priority, or a loaded node starves it
-            "runtime_env": {"env_vars": {"RAY_worker_niceness": str(ACTOR_NICENESS)}},
-            # named, so an operator (or a test) can find a device's actor on the cluster
-            "name": f"{ACTOR_PREFIX}{self.device.id}:{uuid.uuid4().hex[:12]}",
-        }
-        self._name = str(options["name"])
-        if self._reserve:
-            options["resources"] = {device_resource(self._local_id): LANE_SHARE}
+        options = lane_options(self.device, strategy(node_id=self._node_id, soft=False))
         lanes = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(LaneActor)
         actor = lanes.options(**options).remote(self._local_id, self.device.id)
         self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
+        self._incarnation = self._touch(actor)
         return actor
+
+    def _touch(self, actor: Any) -> str:
+        return str(self._call(actor.touch.remote(self._backend.door), "a touch", READY_WAIT_S))
+
+    def warmth(self) -> Warmth:
+        """What this device's actor holds: its stages' plugins and its resident models."""
+        with self._lock:
+            loads = {key: self._loads[key] for key in self._resident if key in self._loads}
+            return dict(self._plugins), loads
+
+    def warm(self, warmth: Warmth) -> None:
+        """Start the device's actor if need be and give it ``warmth`` (stages set up, models
+        loaded), as the device's first runs would, before the engine places anything here (a
+        device that joined with its node; :meth:`RayBackend.poll_membership`)."""
+        plugins, loads = warmth
+        for stage, plugin in plugins.items():
+            self._actor(plugin, stage)
+        for key, (graph_format, threads) in loads.items():
+            self.load(plugins[key.split("/", 1)[0]], key, graph_format, threads)
 
     def _take_in(self, actor: Any, plugin: StagePlugin, stage: str) -> None:
         ray = self._backend.ray()
@@ -240,7 +247,18 @@ class RayModelHost:
             pieces = actor.run_streamed.options(num_returns="streaming").remote(
                 model_key, graph_format.value, threads, wire, released, run_id
             )
-            answer = self._follow(actor, pieces, streams, run_id, timeout_s)
+            answer = follow(
+                self._backend.ray(),
+                actor,
+                pieces,
+                streams,
+                run_id,
+                lambda ref: self._call(ref, "a streamed run's piece", self._call_timeout_s),
+                lambda: DeviceCallTimeoutError(
+                    self.device.id, "a streamed run's next piece", timeout_s
+                ),
+                timeout_s,
+            )
         else:
             # the format by value: an enum costs Ray's serialiser a by-reference pickle
             call = actor.run.remote(model_key, graph_format.value, threads, wire, released)
@@ -255,7 +273,7 @@ class RayModelHost:
         batch = None
         if batch_id is not None:
             batch = KeptBatch(actor, batch_id, self.device.id, self._released.append, self._name)
-        made = iter([_stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
+        made = iter([stand_in(batch, index, shape) for index, shape in enumerate(shapes)])
         ran = [  # an item whose kept inputs were gone on the node: its producers run again
             InputLostError(tuple(sorted(sources(live[at]))), unread[at])
             if at in unread
@@ -264,59 +282,6 @@ class RayModelHost:
         ]
         ordered = [ran.pop(0) if not gone else results.pop(0) for gone in lost]
         return BatchRun(ordered, float(load_s), float(run_s))
-
-    def _follow(
-        self,
-        actor: Any,
-        pieces: Any,
-        streams: dict[int, Generation],
-        run_id: str,
-        timeout_s: float,
-    ) -> Any:
-        """A streamed run's answer; on the way each piece goes to its generation's
-        ``on_piece``, and a generation whose ``stop`` is set is stopped on the node. No piece
-        for ``timeout_s`` fails it (DeviceCallTimeoutError)."""
-        ray = self._backend.ray()
-        stopping: set[int] = set()
-
-        def stop(item: int) -> None:
-            stopping.add(item)
-            call = actor.stop.options(concurrency_group=CONTROL_GROUP)
-            call.remote(run_id, item)  # not waited for: its pieces end
-
-        last = time.monotonic()
-        try:
-            while True:
-                ready, _ = ray.wait([pieces], timeout=STOP_POLL_S)
-                for item, job in streams.items():
-                    if item not in stopping and job.stop.is_set():
-                        stop(item)
-                if not ready:
-                    if time.monotonic() - last > timeout_s:
-                        raise DeviceCallTimeoutError(
-                            self.device.id, "a streamed run's next piece", timeout_s
-                        )
-                    continue
-                last = time.monotonic()
-                try:
-                    ref = next(pieces)
-                except StopIteration:
-                    raise RuntimeError(
-                        f"{self.device.id}: a streamed run ended unanswered"
-                    ) from None
-                event = self._call(ref, "a streamed run's piece", self._call_timeout_s)
-                if event[0] == "done":
-                    return event[1]
-                _, item, text = event
-                streams[item].on_piece(text)
-        except BaseException:  # nobody reads the rest: the node must not decode it for nobody
-            for item in streams:
-                if item not in stopping:
-                    try:
-                        stop(item)
-                    except Exception:  # the actor is gone: nothing is decoding
-                        logger.debug("%s: stop of %s not sent", self.device.id, run_id)
-            raise
 
     def _drain(self) -> list[str]:
         """Kept batches the front door dropped since the last call (deque pops are atomic)."""
@@ -329,12 +294,27 @@ class RayModelHost:
         return out
 
     def flush(self) -> None:
-        """Release the dropped kept batches now, without waiting for the next run (the
-        heartbeat calls it for an idle device)."""
-        released = self._drain()
+        """The heartbeat's call: this front door is still there (its lease on the shared
+        actor), and the kept batches it dropped are released now, without waiting for the
+        device's next run. The previous beat's answer says whether the actor died or was
+        restarted since (a new incarnation): then the device is healed at once, not when a
+        run next fails there."""
         actor = self.actor
-        if released and actor is not None and self._backend.health(self.device.id) is None:
-            actor.release.options(concurrency_group=CONTROL_GROUP).remote(*released)
+        if actor is None or self._backend.health(self.device.id) is not None:
+            return
+        ray = self._backend.ray()
+        last, self._touched = self._touched, None
+        if last is not None and ray.wait([last], timeout=0)[0]:
+            try:
+                seen = self._call(last, "a touch", 0.0)
+            except Exception as err:  # _call took the device out if the actor died
+                logger.debug("%s: its heartbeat: %s", self.device.id, err)
+                return
+            if seen != self._incarnation:
+                self._actor_lost("its actor restarted (heartbeat); warming it")
+                return
+        touch = actor.touch.options(concurrency_group=CONTROL_GROUP)
+        self._touched = touch.remote(self._backend.door, *self._drain())
 
     def _lost_inputs(self, payload: Any) -> tuple[str, ...]:
         return tuple(sorted(d for d in sources(payload) if self._backend.health(d) is not None))
@@ -356,23 +336,23 @@ class RayModelHost:
         that was resident, then readmit the device (the engine takes it back into placement
         after its next batch). A device whose actor cannot come back stays out."""
         ray = self._backend.ray()
-        began = time.monotonic()
+        began, before = time.monotonic(), self._incarnation
         try:
             actor = self.actor
             if actor is None:  # closed meanwhile
                 return
-            if not self._restarted(actor):  # Ray gave up on it: a fresh actor
+            if not restarted(ray, actor, self.device.id):  # Ray gave up on it: a fresh actor
                 if not self._backend.node_alive(self._node_id):
                     raise RuntimeError(f"node {self._node_id[:12]} is gone")
                 ray.kill(actor)
-                actor = self._start()
+                wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)
+                actor = self._start()  # or the one another front door started meanwhile
             with self._lock:
-                if self._handle is None:  # closed meanwhile
-                    ray.kill(actor)
+                if self._handle is None:  # closed meanwhile (and left the actor)
                     return
                 self._handle = actor
-                plugins = dict(self._plugins)
-                loads = {key: self._loads[key] for key in self._resident if key in self._loads}
+            self._incarnation, self._touched = self._touch(actor), None
+            plugins, loads = self.warmth()
             for stage, plugin in plugins.items():
                 ray.get(actor.add_stage.remote(stage, plugin), timeout=self._load_timeout_s)
             for key, (graph_format, threads) in loads.items():
@@ -385,40 +365,17 @@ class RayModelHost:
         finally:
             with self._lock:
                 self._healing = False
-        with self._lock:
-            self.restarts += 1
+        if self._incarnation != before:  # not a call that failed on a restart healed already
+            with self._lock:
+                self.restarts += 1
         self._backend.mark_healthy(self.device.id)
         logger.warning(
-            "%s: its actor restarted, %d stages and %d models back in %.1f s; readmitted",
+            "%s: its actor is back, %d stages and %d models in %.1f s; readmitted",
             self.device.id,
             len(plugins),
             len(loads),
             time.monotonic() - began,
         )
-
-    def _restarted(self, actor: Any) -> bool:
-        """Whether Ray brought ``actor`` back within :data:`READY_WAIT_S` (False: it died for
-        good, out of restarts or unschedulable). While Ray restarts it, a call fails at once
-        with ActorUnavailableError, and a call that was in flight when it died fails with
-        ActorDiedError even though it comes back: asked again every :data:`READY_POLL_S`; two
-        ActorDiedErrors in a row mean it is gone."""
-        ray = self._backend.ray()
-        deadline = time.monotonic() + READY_WAIT_S
-        died = 0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DeviceCallTimeoutError(self.device.id, "its restarted actor", READY_WAIT_S)
-            try:
-                ray.get(actor.ready.remote(), timeout=left)
-                return True
-            except ray.exceptions.ActorUnavailableError:
-                died = 0
-            except ray.exceptions.RayActorError:
-                died += 1
-                if died == 2:
-                    return False
-            time.sleep(READY_POLL_S)  # restarting: a retry's pause, not synchronisation
 
     def evict(self, model_key: str) -> None:
         """The memory manager's eviction, carried out on the node (nobody waits for it)."""
@@ -434,39 +391,37 @@ class RayModelHost:
             return model_key in self._resident
 
     def close(self) -> None:
-        """End this device's actor: its stage plugins close there first (their models, files
-        and helper processes; at most :data:`CLOSE_WAIT_S`), then the actor is killed."""
+        """Leave this device's actor: the last front door to leave ends it (its stage plugins
+        close there first: their models, files and helper processes; at most
+        :data:`CLOSE_WAIT_S`; then the actor is killed); while another front door uses it,
+        it goes on serving that one."""
         ray = self._backend.ray()
+        self._backend.forget(self)
         with self._lock:
             actor, self._handle = self._handle, None
             self._stages.clear()
             self._resident.clear()
         if actor is None:
             return
+        control = {"concurrency_group": CONTROL_GROUP}
         try:
-            ray.get(
-                actor.close.options(concurrency_group=CONTROL_GROUP).remote(), timeout=CLOSE_WAIT_S
+            others = ray.get(
+                actor.detach.options(**control).remote(self._backend.door, self._lease_s),
+                timeout=CLOSE_WAIT_S,
             )
+        except Exception as err:  # its node is gone, or it hangs: ended regardless
+            logger.debug("%s: leaving its actor: %s", self.device.id, err)
+            others = 0
+        if others:
+            logger.info("%s: its actor stays for %d other front doors", self.device.id, others)
+            return
+        try:
+            ray.get(actor.close.options(**control).remote(), timeout=CLOSE_WAIT_S)
         except Exception as err:  # its node is gone, or the plugins hang: killed regardless
             logger.debug("%s: closing its actor: %s", self.device.id, err)
         try:
             ray.kill(actor)
         except Exception as err:  # its node is gone already
             logger.debug("%s: ending its actor: %s", self.device.id, err)
-
-
-def _stand_in(batch: KeptBatch | None, index: int, shape: tuple[str, Any]) -> Any:
-    """What the engine holds for one item: its error, its value, or stand-ins for what the
-    device's actor kept."""
-    kind, detail = shape
-    if kind in ("error", "inline"):
-        return detail
-    assert batch is not None  # a kept item always comes with its batch id
-    if kind == "map":
-        parts = {
-            key: RayOutput(batch, index, key, nbytes, dims)
-            for key, (nbytes, dims) in detail.items()
-        }
-        return RayOutputs(parts, RayOutput(batch, index, None, 0, ()))
-    nbytes, dims = detail
-    return RayOutput(batch, index, None, nbytes, dims)
+        # its name is free again before a front door started next asks for it
+        wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)

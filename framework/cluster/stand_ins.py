@@ -26,6 +26,7 @@ __all__ = [
     "RayOutputs",
     "collect",
     "sources",
+    "stand_in",
 ]
 
 
@@ -158,3 +159,20 @@ def sources(value: Any) -> set[str]:
     found: list[RayOutput] = []
     collect(value, found)
     return {output.device_id for output in found}
+
+
+def stand_in(batch: KeptBatch | None, index: int, shape: tuple[str, Any]) -> Any:
+    """What the engine holds for one item: its error, its value, or stand-ins for what the
+    device's actor kept."""
+    kind, detail = shape
+    if kind in ("error", "inline"):
+        return detail
+    assert batch is not None  # a kept item always comes with its batch id
+    if kind == "map":
+        parts = {
+            key: RayOutput(batch, index, key, nbytes, dims)
+            for key, (nbytes, dims) in detail.items()
+        }
+        return RayOutputs(parts, RayOutput(batch, index, None, 0, ()))
+    nbytes, dims = detail
+    return RayOutput(batch, index, None, nbytes, dims)

@@ -503,9 +503,9 @@ def chat_streams_from_the_node_and_stops_when_the_client_leaves(
     generation on the node (the actor's own count), not only the HTTP stream."""
     import openai
 
-    from hetero.framework.cluster.remote_lanes import ACTOR_PREFIX
+    from hetero.framework.cluster.lane_start import actor_name
 
-    (name,) = [a["Name"] for a in actors if a["Name"].startswith(f"{ACTOR_PREFIX}{TORCH}@{head}:")]
+    (name,) = [a["Name"] for a in actors if a["Name"] == actor_name(f"{TORCH}@{head}")]
     lanes = ray.get_actor(name, namespace="hetero")
 
     def streams() -> dict[str, int]:

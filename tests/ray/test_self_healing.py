@@ -1,9 +1,11 @@
 """Self-healing of the Ray mode on a real two-node cluster on loopback (a head lending its
 OpenVINO CPU device, a worker lending its ONNX Runtime one): a device actor that dies on a
 live node is restarted and warmed, and its device readmitted, without the node counting as
-lost; a device call that hangs times out, the breaker counts it, and the request is answered
-elsewhere; a joining node whose device discovery hangs blocks nothing and joins when it
-answers. Run by ``make test-ray``."""
+lost, and ``/metrics`` counts the restart; a final output kept by an actor that died is made
+again, not a failed request; a device call that hangs times out, the breaker counts it, and
+the request is answered elsewhere; a joining node whose device discovery hangs blocks nothing
+and joins when it answers; a joining node is warmed before it takes work. Run by ``make
+test-ray``."""
 
 from __future__ import annotations
 
@@ -17,17 +19,20 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+from prometheus_client import CollectorRegistry
 from ray.cluster_utils import Cluster
 
 from hetero.framework.cluster import ray_cluster
 from hetero.framework.cluster.agent import NodeAgent
 from hetero.framework.cluster.ray_cluster import RAY_BACKEND, disconnect
 from hetero.framework.cluster.remote_lanes import RayModelHost
+from hetero.framework.cluster.stand_ins import KeptBatch
 from hetero.framework.engine import Engine
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.registry import default_registry
 from hetero.framework.scheduler.breakers import BreakerState
+from hetero.framework.server.ops_metrics import ClusterCollector
 from hetero.framework.stage_plugin import GraphRunner
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -62,10 +67,10 @@ qos:
 sla_tiers: {{t: {{deadline_ms: 120000}}}}
 """
 RNG = np.random.default_rng(11)
-# 32-byte outputs: answered inline, none kept on a device actor. (A request whose final output
-# was kept by an actor that then died fails with InputLostError: the engine does not make a
-# final output again; see docs/cluster.md.)
-W1 = RNG.standard_normal((16, 4)).astype(np.float32)
+# 128 KiB outputs per request: kept in the device actor that made them until the front door
+# fetches them, so a killed actor takes unread final outputs with it (made again)
+WIDE = 16_384
+W1 = RNG.standard_normal((16, WIDE)).astype(np.float32)
 GRAPHS = {"encode/full": matmul_graph("encode", W1, "x", "h", relu=True)}
 
 
@@ -82,10 +87,20 @@ def cluster() -> Iterator[Cluster]:
 
 
 def policy_for(cluster: Cluster, timeout_s: float, window: int, min_calls: int) -> Policy:
-    text = POLICY.format(
-        address=cluster.address, timeout=timeout_s, window=window, min_calls=min_calls
-    )
+    return policy_at(cluster.address, timeout_s, window, min_calls)
+
+
+def policy_at(address: str, timeout_s: float, window: int, min_calls: int) -> Policy:
+    text = POLICY.format(address=address, timeout=timeout_s, window=window, min_calls=min_calls)
     return load_policy_text(text, "healing.yaml")
+
+
+def restarts_on_metrics(engine: Engine, device: str) -> float | None:
+    """``hetero_device_actor_restarts_total`` for ``device`` as ``/metrics`` shows it (the
+    server's collector on the engine's registry)."""
+    registry = CollectorRegistry()
+    registry.register(ClusterCollector(lambda: engine))
+    return registry.get_sample_value("hetero_device_actor_restarts_total", {"device": device})
 
 
 def submit(engine: Engine, count: int) -> list[tuple[np.ndarray, Future[Any]]]:
@@ -117,6 +132,7 @@ def test_a_killed_device_actor_restarts_warm_and_its_device_takes_work_again(
         host = engine.models[on_worker]
         assert isinstance(host, RayModelHost)
         actor = host.actor
+        assert restarts_on_metrics(engine, on_worker) == 0
         pid = ray.get(actor.pid.remote())
         in_flight = submit(engine, 40)
         ray.kill(actor, no_restart=False)  # the process dies; Ray restarts the actor
@@ -128,6 +144,7 @@ def test_a_killed_device_actor_restarts_warm_and_its_device_takes_work_again(
         assert until(lambda: host.restarts == 1 and backend.health(on_worker) is None, 60)
         back_s = time.monotonic() - killed
         print(f"\nkilled actor's device readmitted after {back_s:.1f} s")
+        assert restarts_on_metrics(engine, on_worker) == 1  # /metrics shows the restart
         assert host.actor is actor  # restarted by Ray: the same named actor, a new process
         assert ray.get(actor.pid.remote()) != pid
         assert ray.get(actor.resident.remote("encode/full"))  # warmed before readmission
@@ -139,6 +156,61 @@ def test_a_killed_device_actor_restarts_warm_and_its_device_takes_work_again(
                 break
         else:
             raise AssertionError("the restarted device never took work again")
+
+
+def test_a_final_output_kept_by_an_actor_that_died_is_made_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The front door's first fetch of a kept final output finds its actor killed (the fault
+    injected at that moment: the kill, then the fetch): the step runs again and the request
+    is answered; the control (the requests before) fetch theirs at once."""
+    policy = policy_for(cluster, timeout_s=60, window=40, min_calls=20)
+    killed: list[str] = []
+    real_pick = KeptBatch.pick
+
+    def pick_after_a_kill(batch: KeptBatch, picks: list[tuple[int, str | None]]) -> list[Any]:
+        if not killed:
+            killed.append(batch.device_id)
+            handle = batch.handle()
+            pid = ray.get(handle.pid.remote())
+            ray.kill(handle, no_restart=False)
+            assert until(lambda: _pid_gone(pid), 30)  # the keeping process is gone
+        return real_pick(batch, picks)
+
+    with Engine(policy, default_registry(), {"encode/full": GRAPHS["encode/full"]}) as engine:
+        settle(submit(engine, 4))  # the control: kept outputs fetched, nothing lost
+        retried = _retries(engine)
+        monkeypatch.setattr(KeptBatch, "pick", pick_after_a_kill)
+        (result,) = settle(submit(engine, 1))  # answered, the output right (0 failed)
+        monkeypatch.undo()
+        assert killed, "no kept output was fetched"
+        assert _retries(engine) == retried + 1  # made again once
+        host = engine.models[killed[0]]
+        assert isinstance(host, RayModelHost)
+        assert until(lambda: host.restarts == 1, 60)
+        assert restarts_on_metrics(engine, killed[0]) == 1
+        failed = engine.metrics.registry.get_sample_value(
+            "hetero_engine_requests_total", {"route": "/one", "outcome": "failed"}
+        )
+        assert not failed
+        print(f"\nfinal output lost on {killed[0]}, made again on {result.devices['encode']}")
+
+
+def _retries(engine: Engine) -> float:
+    value = engine.metrics.registry.get_sample_value(
+        "hetero_stage_retries_total", {"stage": "encode"}
+    )
+    return value or 0.0
+
+
+def _pid_gone(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 class HangingStage(GraphStage):
