@@ -52,8 +52,8 @@ from hetero.framework.scheduler import (
     StageTask,
     VirtualClock,
 )
-from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.scheduler.warmup import PredictiveWarmup
+from hetero.framework.simulator.admission import SimAdmission
 from hetero.framework.simulator.arrivals import (
     RequestSource,
     check_against_policy,
@@ -121,7 +121,7 @@ class _Simulation:
             if warmup.enabled or eviction == "predictive"
             else None
         )
-        self.admission = RequestAdmission(policy, self.scheduler)
+        self.admission = SimAdmission(policy, self.scheduler)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
         self.events: list[tuple[float, int, int, object]] = []
         self.sequence = itertools.count()

@@ -1,80 +1,70 @@
-"""The simulator admits requests as the engine does: one RequestAdmission, every stage of a
-request judged at its arrival, tenants held to their fair share of each stage."""
+"""The simulator's admission counts a continuously batched LLM device as its batch cap of runs
+at once: a fleet of continuous batches is not judged as serial runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hetero.framework.fleet import resolve_fleet
+import pytest
+
+from hetero.framework.fleet import simulated_devices
 from hetero.framework.policy import load_policy_text
-from hetero.framework.registry import Registry
+from hetero.framework.scheduler import Scheduler, VirtualClock
 from hetero.framework.scheduler.request_admission import RequestAdmission
-from hetero.framework.simulator import load_workload
-from hetero.framework.simulator.metrics import RunMetrics
-from hetero.framework.simulator.run import _Simulation
+from hetero.framework.simulator import load_workload, run
+from hetero.framework.simulator.admission import SimAdmission
+from hetero.framework.topology import Topology
 
 POLICY = """\
 version: 1
 devices:
-  simulated:
-    - {name: g, preset: H100-SXM5-80GB, count: 1, host: a}
+  simulated: [{{name: a, preset: A100-SXM4-80GB, count: 2}}]
 stages:
   llm:
     modality: text
     variants:
-      full: {flops_per_item: 200 TFLOPS, bytes_per_item: 30 GB, resident_bytes: 20 GB,
-             max_batch: 1, dtype: fp16}
-pipelines:
-  chat: {steps: [{stage: llm}]}
-routes: {/chat: chat}
+      full: {{flops_per_item: 11 TFLOPS, bytes_per_item: 14 GB, resident_bytes: 14 GB,
+             kv_bytes_per_token: 524288, max_batch: 16, dtype: fp16}}
+routes: {{/llm: llm}}
+scheduler: {{memory_reserve_fraction: 0.0, kv_block_tokens: 16, batching: {{llm: {batching}}}}}
 qos:
   default_class: standard
-  classes:
-    standard: {weight: 1, sla_tier: t, queue_bound: 12}
-    quiet: {weight: 1, sla_tier: t, queue_bound: 12}
-sla_tiers: {t: {deadline_ms: 600000}}
+  classes: {{standard: {{weight: 1, sla_tier: t}}}}
+sla_tiers: {{t: {{deadline_ms: 10000}}}}
 """
 
-# One tenant sends nine requests in ten, more than the device serves; the other sends one.
 WORKLOAD = """\
-name: two-tenants
-seed: 7
-duration_s: 60
-arrivals: {kind: poisson, rate_per_s: 40}
+name: llm-closed
+seed: 1
+duration_s: 20
+arrivals: {kind: closed_loop, clients: 24, think_time_s: 0.0}
 mix:
-  - {route: /chat, weight: 9, text_tokens: 300, output_tokens: 50, TENANT_FLOOD}
-  - {route: /chat, weight: 1, qos: quiet, text_tokens: 300, output_tokens: 50, TENANT_QUIET}
+  - {route: /llm, text_tokens: 640, output_tokens: 128}
 """
 
 
-def _run(tmp_path: Path, tenants: bool) -> tuple[RunMetrics, _Simulation]:
-    text = WORKLOAD.replace(", TENANT_FLOOD", ", tenant: flood" if tenants else "")
-    text = text.replace(", TENANT_QUIET", ", tenant: quiet" if tenants else "")
-    path = tmp_path / f"workload-{tenants}.yaml"
-    path.write_text(text)
-    policy = load_policy_text(POLICY, "sim.yaml")
-    fleet = resolve_fleet(policy, Registry(use_entry_points=False))
-    simulation = _Simulation(
-        policy, fleet.devices, fleet.topology(), load_workload(path), "cost_model", "cost_aware"
-    )
-    return simulation.run(), simulation
+def _simulate(tmp_path: Path, batching: str = "continuous") -> dict[str, object]:
+    policy = load_policy_text(POLICY.format(batching=batching), "llm.yaml")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    path = tmp_path / "workload.yaml"
+    path.write_text(WORKLOAD)
+    return run.simulate(policy, devices, Topology(devices), load_workload(path)).summary()
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
+def test_continuous_llm_devices_count_their_batch_cap_as_runs_at_once() -> None:
+    for batching, slots in (("continuous", 32), ("static", 2)):
+        policy = load_policy_text(POLICY.format(batching=batching), "llm.yaml")
+        devices = simulated_devices(policy.spec.devices.simulated)
+        scheduler = Scheduler(policy, devices, Topology(devices), VirtualClock())
+        assert SimAdmission(policy, scheduler).run_slots("llm") == slots
 
 
-def test_a_flooding_tenant_is_held_to_its_share_so_the_other_waits_less(tmp_path: Path) -> None:
-    held, simulation = _run(tmp_path, tenants=True)
-    free, _ = _run(tmp_path, tenants=False)  # the control: nobody named, no shares
-    assert isinstance(simulation.admission, RequestAdmission)
-    assert held.offered_by_class == free.offered_by_class  # the same arrivals
-    assert held.offered_by_class["quiet"] > 200 and held.shed > 1000  # over capacity
-    quiet_held = held.latencies_by_class["quiet"]
-    quiet_free = free.latencies_by_class["quiet"]
-    assert len(quiet_held) > 0.9 * held.offered_by_class["quiet"]
-    # the flood holds its share of the stage, not the whole queue: the quiet tenant's
-    # requests wait behind half as much (virtual time: the figures repeat exactly)
-    assert _mean(quiet_held) < 0.6 * _mean(quiet_free)
-    assert simulation.admission.shares.held("llm", "flood") == 0  # all given back at the end
-    assert simulation.admission.shares.held("llm", "quiet") == 0
+def test_24_sequences_on_two_continuous_batches_of_16_are_admitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 24 sequences fit the two devices' 32 places: each takes about 3 s, within the 10 s
+    # deadline, so nothing is shed.
+    assert _simulate(tmp_path)["shed"] == 0
+    # Control: judged as one run per device, 24 sequences of 3 s look like 34 s of queue.
+    monkeypatch.setattr(run, "SimAdmission", RequestAdmission)
+    assert _simulate(tmp_path)["shed"] > 0  # type: ignore[operator]
