@@ -347,7 +347,7 @@ class GraphRunner:
     def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
         for step in pipeline.order:
             stage = pipeline.steps[step].stage
-            partition = self.engine.policy.spec.stages[stage].partition
+            partition = self.engine.policy.stages[stage].partition
             if partition is None:
                 continue
             if self.engine.gate is None:
@@ -410,7 +410,7 @@ class GraphRunner:
         """Queue every step whose inputs are ready, answering from the cache where it can
         (lock held)."""
         now = self.engine.clock.now()
-        stages = self.engine.policy.spec.stages
+        stages = self.engine.policy.stages
         progressed = True
         while progressed:  # a cached step can make the next one ready at once
             progressed = False
@@ -470,7 +470,7 @@ class GraphRunner:
         return {n: arrays[n] for n in names if n in arrays} if names else arrays
 
     def _cache_identity(self, stage: str, variant: str) -> tuple[str, str, str, str | None]:
-        config = self.engine.policy.spec.stages[stage]
+        config = self.engine.policy.stages[stage]
         return stage, config.model_version, variant, config.partition
 
     def _cached(self, state: RequestState, step: str, stage: str, variant: str) -> Any:

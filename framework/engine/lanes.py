@@ -343,7 +343,9 @@ class Lane:
             max_batch, max_delay_s = self._batching_for(key)
             if not self.plugin.batchable:
                 max_batch, max_delay_s = 1, 0.0
-            self._batchers[key] = Batcher(max_batch=max_batch, max_delay_s=max_delay_s)
+            self._batchers[key] = Batcher(
+                max_batch=max_batch, max_delay_s=max_delay_s, size=_inputs_of
+            )
         return self._batchers[key]
 
     def _execute(self, batch: list[Dispatch]) -> list[BatchOutcome]:
@@ -403,3 +405,8 @@ def with_threads(graphs: Mapping[str, ComputeGraph], threads: int) -> dict[str, 
     if threads <= 0:
         return dict(graphs)
     return {name: dataclasses.replace(graph, threads=threads) for name, graph in graphs.items()}
+
+
+def _inputs_of(dispatch: Dispatch) -> int:
+    """The model inputs a dispatched task holds (a part of a request holds several)."""
+    return max(1, dispatch.task.items)

@@ -5,9 +5,13 @@ counts requests by route and status into the same registry and exposes it at ``/
 
 from __future__ import annotations
 
+from typing import Any, Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["Labelled", "Metrics"]
+
+M = TypeVar("M", Counter, Gauge, Histogram)
 
 LATENCY_BUCKETS = (
     0.001,
@@ -29,6 +33,26 @@ LATENCY_BUCKETS = (
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
+class Labelled(Generic[M]):
+    """A labelled metric whose children are looked up once: ``labels()`` of the client
+    validates and locks on every call, and a request asks for about ten. Anything else is the
+    metric's own (``collect``, ``describe``, ...)."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def labels(self, *values: str) -> M:
+        """The child for these label values (made on first use, as the client makes it)."""
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.metric, name)
+
+
 class Metrics:
     """The engine's and the server's measurements."""
 
@@ -36,18 +60,22 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         # --- HTTP (the server) -----------------------------------------------------------
-        self.http_requests = Counter(
-            "hetero_requests_total",
-            "HTTP requests by route and status.",
-            ["route", "status"],
-            registry=r,
+        self.http_requests = Labelled(
+            Counter(
+                "hetero_requests_total",
+                "HTTP requests by route and status.",
+                ["route", "status"],
+                registry=r,
+            )
         )
-        self.http_duration = Histogram(
-            "hetero_request_duration_seconds",
-            "HTTP request latency.",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.http_duration = Labelled(
+            Histogram(
+                "hetero_request_duration_seconds",
+                "HTTP request latency.",
+                ["route"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
         self.ttft = Histogram(
             "hetero_time_to_first_token_seconds",
@@ -62,106 +90,149 @@ class Metrics:
             "hetero_ready", "1 once every stage that can load is loaded.", registry=r
         )
         # --- requests through the engine ---------------------------------------------------
-        self.outcomes = Counter(
-            "hetero_engine_requests_total",
-            "Requests through the engine by route (or stage) and outcome.",
-            ["route", "outcome"],
-            registry=r,
+        self.outcomes = Labelled(
+            Counter(
+                "hetero_engine_requests_total",
+                "Requests through the engine by route (or stage) and outcome.",
+                ["route", "outcome"],
+                registry=r,
+            )
         )
-        self.shed = Counter(
-            "hetero_shed_total",
-            "Requests refused by a full queue or the complexity breaker.",
-            ["stage", "reason"],
-            registry=r,
+        self.shed = Labelled(
+            Counter(
+                "hetero_shed_total",
+                "Requests refused by a full queue or the complexity breaker.",
+                ["stage", "reason"],
+                registry=r,
+            )
         )
-        self.degraded = Counter(
-            "hetero_degraded_total",
-            "Stage runs moved to the light variant.",
-            ["stage", "reason"],
-            registry=r,
+        self.degraded = Labelled(
+            Counter(
+                "hetero_degraded_total",
+                "Stage runs moved to the light variant.",
+                ["stage", "reason"],
+                registry=r,
+            )
         )
-        self.cache_hits = Counter(
-            "hetero_cache_hits_total",
-            "Stage outputs served from the feature cache.",
-            ["stage"],
-            registry=r,
+        self.cache_hits = Labelled(
+            Counter(
+                "hetero_cache_hits_total",
+                "Stage outputs served from the feature cache.",
+                ["stage"],
+                registry=r,
+            )
         )
-        self.cache_misses = Counter(
-            "hetero_cache_misses_total",
-            "Stage outputs computed on a cache miss.",
-            ["stage"],
-            registry=r,
+        self.cache_misses = Labelled(
+            Counter(
+                "hetero_cache_misses_total",
+                "Stage outputs computed on a cache miss.",
+                ["stage"],
+                registry=r,
+            )
         )
         # --- scheduling and devices -----------------------------------------------------------
-        self.queue_depth = Gauge(
-            "hetero_queue_depth", "Stage tasks waiting for a device.", ["stage"], registry=r
+        self.queue_depth = Labelled(
+            Gauge("hetero_queue_depth", "Stage tasks waiting for a device.", ["stage"], registry=r)
         )
-        self.queue_wait = Histogram(
-            "hetero_queue_wait_seconds",
-            "Time a stage task waited before its batch ran.",
-            ["stage", "qos"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.queue_wait = Labelled(
+            Histogram(
+                "hetero_queue_wait_seconds",
+                "Time a stage task waited before its batch ran.",
+                ["stage", "qos"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.placements = Counter(
-            "hetero_placements_total",
-            "Stage tasks the scheduler placed, by device.",
-            ["stage", "device"],
-            registry=r,
+        self.placements = Labelled(
+            Counter(
+                "hetero_placements_total",
+                "Stage tasks the scheduler placed, by device.",
+                ["stage", "device"],
+                registry=r,
+            )
         )
-        self.stage_duration = Histogram(
-            "hetero_stage_duration_seconds",
-            "Run time of a stage's batch on a device.",
-            ["stage", "device", "variant"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.stage_duration = Labelled(
+            Histogram(
+                "hetero_stage_duration_seconds",
+                "Run time of a stage's batch on a device.",
+                ["stage", "device", "variant"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.batch_size = Histogram(
-            "hetero_batch_size", "Items per batch.", ["stage"], buckets=BATCH_BUCKETS, registry=r
+        self.batch_size = Labelled(
+            Histogram(
+                "hetero_batch_size",
+                "Items per batch.",
+                ["stage"],
+                buckets=BATCH_BUCKETS,
+                registry=r,
+            )
         )
-        self.device_busy = Counter(
-            "hetero_device_busy_seconds_total", "Time spent running.", ["device"], registry=r
+        self.device_busy = Labelled(
+            Counter(
+                "hetero_device_busy_seconds_total", "Time spent running.", ["device"], registry=r
+            )
         )
-        self.loads = Counter(
-            "hetero_model_loads_total", "Models made resident.", ["stage", "device"], registry=r
+        self.loads = Labelled(
+            Counter(
+                "hetero_model_loads_total", "Models made resident.", ["stage", "device"], registry=r
+            )
         )
-        self.evictions = Counter(
-            "hetero_model_evictions_total",
-            "Models evicted by the memory manager.",
-            ["stage", "device"],
-            registry=r,
+        self.evictions = Labelled(
+            Counter(
+                "hetero_model_evictions_total",
+                "Models evicted by the memory manager.",
+                ["stage", "device"],
+                registry=r,
+            )
         )
-        self.resident_bytes = Gauge(
-            "hetero_device_resident_bytes",
-            "Device memory held by resident models, as the memory manager accounts it.",
-            ["device"],
-            registry=r,
+        self.resident_bytes = Labelled(
+            Gauge(
+                "hetero_device_resident_bytes",
+                "Device memory held by resident models, as the memory manager accounts it.",
+                ["device"],
+                registry=r,
+            )
         )
-        self.failures = Counter(
-            "hetero_stage_failures_total",
-            "Failed runs (retried elsewhere).",
-            ["stage", "device"],
-            registry=r,
+        self.failures = Labelled(
+            Counter(
+                "hetero_stage_failures_total",
+                "Failed runs (retried elsewhere).",
+                ["stage", "device"],
+                registry=r,
+            )
         )
-        self.retries = Counter(
-            "hetero_stage_retries_total", "Tasks retried on another device.", ["stage"], registry=r
+        self.retries = Labelled(
+            Counter(
+                "hetero_stage_retries_total",
+                "Tasks retried on another device.",
+                ["stage"],
+                registry=r,
+            )
         )
-        self.breaker_state = Gauge(
-            "hetero_breaker_open",
-            "1 while the (stage, device) breaker is not closed.",
-            ["stage", "device"],
-            registry=r,
+        self.breaker_state = Labelled(
+            Gauge(
+                "hetero_breaker_open",
+                "1 while the (stage, device) breaker is not closed.",
+                ["stage", "device"],
+                registry=r,
+            )
         )
         # --- operations --------------------------------------------------------------------
-        self.policy_reloads = Counter(
-            "hetero_policy_reloads_total",
-            "Policy reloads, by outcome (applied, refused).",
-            ["outcome"],
-            registry=r,
+        self.policy_reloads = Labelled(
+            Counter(
+                "hetero_policy_reloads_total",
+                "Policy reloads, by outcome (applied, refused).",
+                ["outcome"],
+                registry=r,
+            )
         )
-        self.model_rollouts = Counter(
-            "hetero_model_rollouts_total",
-            "Model version swaps, by stage and outcome (promoted, rolled_back).",
-            ["stage", "outcome"],
-            registry=r,
+        self.model_rollouts = Labelled(
+            Counter(
+                "hetero_model_rollouts_total",
+                "Model version swaps, by stage and outcome (promoted, rolled_back).",
+                ["stage", "outcome"],
+                registry=r,
+            )
         )

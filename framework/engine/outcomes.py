@@ -127,7 +127,7 @@ class Outcomes:
         settle(state.future, result=result)
 
     def result(self, state: RequestState) -> EngineResult:
-        stages = self.engine.policy.spec.stages
+        stages = self.engine.policy.stages
         had_light = any(
             "light" in stages[step.stage].variants for step in state.pipeline.steps.values()
         )
@@ -151,10 +151,7 @@ class Outcomes:
         stage touches a partition."""
         value = self.engine._fetched(state.outputs[step].value)
         stage = state.pipeline.steps[step].stage
-        if (
-            self.engine.gate is not None
-            and self.engine.policy.spec.stages[stage].partition is not None
-        ):
+        if self.engine.gate is not None and self.engine.policy.stages[stage].partition is not None:
             return self.engine.gate.mask(state.principal, stage, value)
         return value
 

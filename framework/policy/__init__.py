@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
@@ -50,6 +50,12 @@ class Policy:
     spec: PolicySpec
     pipelines: Mapping[str, Pipeline]
     source: str
+    stages: dict[str, StageConfig] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # ``spec.stages`` as a plain dict: read several times per request, where a persistent
+        # map's lookup costs several times a dict's
+        object.__setattr__(self, "stages", dict(self.spec.stages))
 
     def pipeline_for_route(self, route: str) -> Pipeline:
         """The pipeline a route reaches; KeyError if no route matches."""

@@ -72,7 +72,7 @@ class StageAdmission:
         ``queue_delay_s`` how long a new one would wait for them.
         """
         spec = self.policy.spec
-        has_light = "light" in spec.stages[stage].variants
+        has_light = "light" in self.policy.stages[stage].variants
         reason = cause = ""
         if run_s is not None:
             decision = self.breaker(stage).decide(

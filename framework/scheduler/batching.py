@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -13,18 +14,25 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class Batcher(Generic[T]):
-    """Collects items for one (stage, device) and says when a batch is due."""
+    """Collects entries for one (stage, device) and says when a batch is due.
+
+    ``size`` counts the model inputs an entry holds (a task of a request in parts holds
+    several): a batch holds up to ``max_batch`` of them; by default every entry is one.
+    """
 
     max_batch: int
     max_delay_s: float
+    size: Callable[[T], int] | None = None
     _items: deque[tuple[float, T]] = field(default_factory=deque)
+    _held: int = 0  # inputs of the entries queued
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, item: T, now: float) -> None:
-        """Queue one item."""
+        """Queue one entry."""
         self._items.append((now, item))
+        self._held += 1 if self.size is None else self.size(item)
 
     def due_at(self) -> float | None:
         """When the oldest item's delay runs out (None when empty)."""
@@ -34,11 +42,22 @@ class Batcher(Generic[T]):
         """A full batch is waiting, or the oldest item has waited ``max_delay``."""
         if not self._items:
             return False
-        return len(self._items) >= self.max_batch or now >= self._items[0][0] + self.max_delay_s
+        return self._held >= self.max_batch or now >= self._items[0][0] + self.max_delay_s
 
     def take(self, now: float) -> list[T]:
-        """Up to ``max_batch`` items, oldest first, if a batch is ready; else nothing."""
+        """Entries holding up to ``max_batch`` inputs (at least one entry), oldest first, if
+        a batch is ready; else nothing."""
         if not self.ready(now):
             return []
-        count = min(self.max_batch, len(self._items))
-        return [self._items.popleft()[1] for _ in range(count)]
+        size = self.size
+        if size is None:
+            count = min(self.max_batch, len(self._items))
+            self._held -= count
+            return [self._items.popleft()[1] for _ in range(count)]
+        batch = [self._items.popleft()[1]]
+        held = size(batch[0])
+        while self._items and held + size(self._items[0][1]) <= self.max_batch:
+            batch.append(self._items.popleft()[1])
+            held += size(batch[-1])
+        self._held -= held
+        return batch

@@ -128,7 +128,7 @@ class RequestAdmission:
         self.check_share(stage, qos_class, principal)
         full = self._paces.get((stage, "full"))
         light = self._paces.get((stage, "light"))
-        variants = self.policy.spec.stages[stage].variants
+        variants = self.policy.stages[stage].variants
         return self.stages.decide(
             stage,
             qos_class,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,7 @@ CACHED_KINDS = frozenset({"vision_encode", "ocr", "asr", "text_embed"})
 PromptBuilder = Callable[[Mapping[str, Any]], tuple[list[dict[str, str]], Sequence[int] | None]]
 """Builds an LLM step's messages (and their token ids, when counted) from the outputs of the
 steps before it."""
+PARTS_IN_FLIGHT = 2  # parts of one embeddings request queued or running at once
 LLM_STEP = "llm_generate"  # the generating step of a request graph that ends in generation
 
 
@@ -284,25 +286,45 @@ class GraphCalls:
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
         """Embeddings of ``texts`` ``[N, 384]``, in parts the plugin cuts to what one model
-        call may hold, one after another: a large request holds the model one part at a time
-        (others' requests run between its parts) and its memory stays that of one part. Each
-        part is a one-step request graph, looked up in the feature cache by the engine under
-        its texts, length-prefixed."""
+        call may hold, pipelined: the next part is queued while one runs (no round trip
+        between them), and no more than :data:`PARTS_IN_FLIGHT` at once, so a large request
+        holds the model a part at a time (others' requests run between its parts) and its
+        memory stays that of a few parts. Each part is a one-step request graph, looked up in
+        the feature cache by the engine under its texts, length-prefixed."""
         stage = self.serving.stage_of_kind("text_embed")
         plugin = stage.plugin
         parts = plugin.split(list(texts), self.engine_max_batch(stage, "full"))
-        vectors: list[np.ndarray[Any, Any]] = []
-        runs: list[StageRun] = []
-        for part in parts:
+
+        async def one(part: list[str]) -> GraphAnswer:
             step = Step(
                 stage, part, profile=plugin.profile(part), content=_content(part), items=len(part)
             )
-            answer = await self.submit(
+            return await self.submit(
                 stage.name, {stage.name: step}, caller=caller, request_id=request_id
             )
+
+        vectors: list[np.ndarray[Any, Any]] = []
+        runs: list[StageRun] = []
+        in_flight: deque[asyncio.Task[GraphAnswer]] = deque()
+
+        async def take_oldest() -> None:
+            answer = await in_flight.popleft()
             value = np.asarray(answer.outputs[stage.name], dtype=np.float32)
-            vectors.append(value.reshape(len(part), -1))
+            vectors.append(value.reshape(len(parts[len(vectors)]), -1))
             runs.append(answer.runs[stage.name])
+
+        try:
+            for part in parts:
+                in_flight.append(asyncio.create_task(one(part)))
+                if len(in_flight) == PARTS_IN_FLIGHT:
+                    await take_oldest()
+            while in_flight:
+                await take_oldest()
+        finally:
+            for task in in_flight:  # a part failed, or the client left: the rest go too
+                task.cancel()
+            if in_flight:  # and their outcomes are collected (none left unretrieved)
+                await asyncio.gather(*in_flight, return_exceptions=True)
         if len(parts) > 1:  # a large request: give its memory back to the OS
             await asyncio.to_thread(release_free_memory)
         ran = next((r for r in reversed(runs) if not r.cached), runs[-1])

@@ -55,3 +55,17 @@ def test_batcher_releases_a_full_batch_or_after_the_delay() -> None:
         batcher.add(name, at)
     assert batcher.take(1.0) == ["c", "d", "e"]  # full before any delay
     assert len(batcher) == 1 and batcher.take(1.0) == []
+
+
+def test_a_batcher_with_sizes_holds_max_batch_inputs_not_entries() -> None:
+    # entries are (name, inputs): parts of a large request hold several inputs each
+    batcher: Batcher[tuple[str, int]] = Batcher(max_batch=32, max_delay_s=0.0, size=lambda e: e[1])
+    for entry in (("part1", 20), ("part2", 20), ("one", 1), ("huge", 40)):
+        batcher.add(entry, 0.0)
+    assert batcher.take(0.0) == [("part1", 20)]  # part2 would make 40 inputs
+    assert batcher.take(0.0) == [("part2", 20), ("one", 1)]
+    assert batcher.take(0.0) == [("huge", 40)]  # an entry over the bound runs alone
+    assert len(batcher) == 0 and batcher.take(0.0) == []
+    counted: Batcher[tuple[str, int]] = Batcher(max_batch=2, max_delay_s=1.0, size=lambda e: e[1])
+    counted.add(("a", 2), 0.0)
+    assert counted.ready(0.0)  # full by its inputs before its delay runs out
