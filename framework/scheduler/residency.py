@@ -112,6 +112,18 @@ class ResidencyMixin(PlacementMixin):
     def _continuous_llm(self) -> bool:
         return self.policy.spec.scheduler.batching.llm == "continuous"
 
+    def _backlog_share(self, tables: StageTables, index: int, estimate: float) -> float:
+        """What a task placed on device ``index`` adds to the work that later tasks there
+        wait behind: its estimate over the device's run slots, except for a sequence of a
+        continuously batched model, which adds nothing. It joins the running batch at the
+        next step and decodes beside the others; what waits for it is one prefill step, which
+        the pacing rule spreads (:meth:`_continuous_spread`). Counting its whole decode made
+        the backlog of an LLM device seconds long while a task placed there waited
+        milliseconds, and the queue term outweighed every other term of the estimate."""
+        if tables.costs.hint.kv_bytes_per_token and self._continuous_llm():
+            return 0.0
+        return estimate / float(tables.slots[index])
+
     def _continuous_spread(
         self, tables: StageTables, mask: np.ndarray, kv_bytes: int, now: float
     ) -> np.ndarray:

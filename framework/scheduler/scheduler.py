@@ -501,7 +501,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         tables.pending[index] += 1
         tables.refresh(index)
         self.in_flight[index] += 1
-        queued_behind = estimate / float(tables.slots[index])
+        queued_behind = self._backlog_share(tables, index, estimate)
         self.backlog[index] += queued_behind
         self._backlog_moved(index)
         device_id = self.devices[index].id
