@@ -116,17 +116,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    jobs = [(name, offset) for name in args.names for offset in range(args.seeds)]
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in args.names}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for name, seed, rows in pool.map(_one, *zip(*jobs, strict=True)):
-            runs[name][seed] = rows
-    for name in args.names:
-        judged = verdict(runs[name])
-        seeds = sorted(runs[name])
-        payload = {"scenario": name, "seeds": seeds, "runs": runs[name], **judged}
-        (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1))
-        print(markdown(name, seeds, judged))
+        for name in args.names:  # one scenario at a time: its table as soon as it is done
+            runs: dict[int, list[dict[str, Any]]] = {}
+            offsets = range(args.seeds)
+            for _, seed, rows in pool.map(_one, [name] * args.seeds, offsets):
+                runs[seed] = rows
+            judged = verdict(runs)
+            seeds = sorted(runs)
+            payload = {"scenario": name, "seeds": seeds, "runs": runs, **judged}
+            (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1))
+            print(markdown(name, seeds, judged), flush=True)
 
 
 if __name__ == "__main__":
