@@ -18,6 +18,16 @@ class RequestProfile:
     image_pixels: int = 0
     audio_seconds: float = 0.0
 
+    @classmethod
+    def of_image(cls, width: int, height: int) -> RequestProfile:
+        """An image's profile from its header's size (plugins and routes alike)."""
+        return cls(image_pixels=width * height)
+
+    @classmethod
+    def of_audio(cls, seconds: float) -> RequestProfile:
+        """An audio input's profile from its header's length (plugins and routes alike)."""
+        return cls(audio_seconds=seconds)
+
     def score(self, config: ComplexityConfig) -> float:
         """The weighted sum, in the policy's units."""
         weights = config.weights

@@ -57,7 +57,7 @@ def image_profile(data: bytes) -> RequestProfile:
 
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
-    return RequestProfile(image_pixels=width * height)
+    return RequestProfile.of_image(width, height)
 
 
 def audio_profile(data: bytes) -> RequestProfile:
@@ -67,7 +67,7 @@ def audio_profile(data: bytes) -> RequestProfile:
     import soundfile
 
     info = soundfile.info(io.BytesIO(data))
-    return RequestProfile(audio_seconds=float(info.frames) / float(info.samplerate))
+    return RequestProfile.of_audio(float(info.frames) / float(info.samplerate))
 
 
 def text_profile(characters: int) -> RequestProfile:

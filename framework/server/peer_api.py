@@ -55,7 +55,7 @@ async def peer_vision(request: Request, caller: CallerDep) -> FastJSONResponse:
         image,
         caller=caller,
         content=image,
-        profile=RequestProfile(image_pixels=width * height),
+        profile=RequestProfile.of_image(width, height),
     )
     embedding = value["embedding"]
     return FastJSONResponse({"embedding": embedding, "top1": int(value["top1"])})

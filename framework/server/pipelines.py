@@ -72,7 +72,7 @@ def image_steps(
     """The vision (and OCR) steps of one image, its header read once for both; their
     outputs make its LLM context (:func:`context_of`)."""
     width, height = image_size(image, rt.limits, param)
-    profile = RequestProfile(image_pixels=width * height)
+    profile = RequestProfile.of_image(width, height)
     steps = {
         f"{prefix}vision": Step(
             rt.stage_of_kind("vision_encode"), image, profile=profile, content=image
@@ -183,12 +183,12 @@ def _step(
     if kind in ("vision_encode", "ocr"):
         image = _need(inputs.image, "an image", pipeline)
         width, height = image_size(image, rt.limits, _field(inputs, "image"))
-        profile = RequestProfile(image_pixels=width * height)
+        profile = RequestProfile.of_image(width, height)
         return Step(stage, image, after=after, profile=profile, content=image)
     if kind == "asr":
         audio = _need(inputs.audio, "audio", pipeline)
         seconds = audio_seconds(audio, rt.limits, _field(inputs, "audio"))
-        profile = RequestProfile(audio_seconds=seconds)
+        profile = RequestProfile.of_audio(seconds)
         return Step(stage, audio, after=after, profile=profile, content=audio)
     if kind == "text_embed":
         if inputs.text is not None or not after:

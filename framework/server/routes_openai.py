@@ -384,7 +384,7 @@ async def transcriptions(request: Request, caller: CallerDep) -> JSONResponse | 
     audio = await form_file(form, "file")
     seconds = audio_seconds(audio, rt.limits, "file")
     value, run = await rt.calls.run(
-        stage, audio, caller=caller, profile=RequestProfile(audio_seconds=seconds), content=audio
+        stage, audio, caller=caller, profile=RequestProfile.of_audio(seconds), content=audio
     )
     headers = _stages_header([run])
     if response_format == "text":
