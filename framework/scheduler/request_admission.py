@@ -49,6 +49,7 @@ class RequestAdmission:
         self._paces: dict[tuple[str, str], Pace] = {}
         self._running: dict[str, list[float]] = {}  # stage -> [tasks, items, units]
         self._groups = compute_groups(scheduler.devices)
+        self._slots: dict[tuple[str, bytes, bytes], int] = {}  # run_slots, by fleet state
 
     @property
     def policy(self) -> Policy:
@@ -189,15 +190,25 @@ class RequestAdmission:
         scheduler = self.scheduler
         if len(self._groups) != len(scheduler.devices):  # devices joined
             self._groups = compute_groups(scheduler.devices)
+            self._slots.clear()
         tables = scheduler.tables[f"{stage}/full"]
+        key = (stage, scheduler.healthy.tobytes(), tables.slots.tobytes())
+        known = self._slots.get(key)
+        if known is not None:  # asked per request: health and slots rarely move
+            return known
         runnable = tables.costs.runnable & scheduler.healthy
         slots = tables.slots[runnable]
         if len(slots) <= 1:
-            return int(slots[0]) if len(slots) else 1
-        groups = self._groups[runnable]
-        most = np.zeros(int(groups.max()) + 1, dtype=np.int64)
-        np.maximum.at(most, groups, slots)
-        return max(1, int(most.sum()))
+            count = int(slots[0]) if len(slots) else 1
+        else:
+            groups = self._groups[runnable]
+            most = np.zeros(int(groups.max()) + 1, dtype=np.int64)
+            np.maximum.at(most, groups, slots)
+            count = max(1, int(most.sum()))
+        if len(self._slots) >= 64:  # bounded: a flapping fleet does not grow it
+            self._slots.clear()
+        self._slots[key] = count
+        return count
 
     def retry_after_s(self, stage: str) -> float:
         """When a refused caller should try again: the stage's queue at its pace."""
