@@ -48,11 +48,16 @@ def _figures(records: list[Record], window_end: float, seconds: float) -> dict[s
 
 
 def summarize(records: list[Record], window_end: float, seconds: float) -> dict[str, Any]:
-    """req/s, p50 and p99 in ms, requests and errors: overall and per route."""
+    """req/s, p50 and p99 in ms, requests and errors: overall and per route (``/embed`` and
+    ``/vision`` always, any other route sent to as well), keyed by the route's last segment
+    (``embed``, or ``ocr`` for ``/v1/pipelines/ocr``)."""
     out = _figures(records, window_end, seconds)
+    sent = sorted({r.route for r in records} - set(ROUTES))
     out["routes"] = {
-        route.strip("/"): _figures([r for r in records if r.route == route], window_end, seconds)
-        for route in ROUTES
+        route.rsplit("/", 1)[-1]: _figures(
+            [r for r in records if r.route == route], window_end, seconds
+        )
+        for route in (*ROUTES, *sent)
     }
     return out
 

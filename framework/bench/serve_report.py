@@ -136,22 +136,45 @@ def run_bench_serve(
 def print_placement_report(console: Console, result: dict[str, Any]) -> None:
     """``--placement``: every stack's points, start-up and memory, where each stage ran and
     why warm-up left a runtime idle, then the ratios and goals."""
+    stacks = result["stacks"]
+    routes = sorted(
+        {
+            route
+            for stack in stacks.values()
+            for point in stack.get("points", {}).values()
+            for route, figures in point["routes"].items()
+            if figures["requests"]
+        }
+    )
     table = Table(
         title=(
-            f"Placement, closed loop, {result['seconds']:g} s per point, {result['cpus']} CPUs"
+            f"Placement, {result.get('load', 'two')} load, closed loop, {result['seconds']:g} s"
+            f" per point, median of {result['rounds']} interleaved rounds, {result['cpus']} CPUs"
             f" (policy {result['policy']}, cache off)"
         ),
         title_justify="left",
     )
-    for column in ("stack", "conc", "req/s", "p50 / p99 ms", "embed", "vision", "err"):
+    for column in ("stack", "conc", "req/s", "rounds", "p50 / p99 ms", *routes, "err"):
         table.add_column(column, justify="left" if column == "stack" else "right")
-    stacks = result["stacks"]
     for name, stack in stacks.items():
-        for row in _rows(name, "", stack.get("points", {})):
-            del row[1]
-            table.add_row(*row)
+        for conc, p in stack.get("points", {}).items():
+            cells = [
+                f"{p['routes'][r]['req_s']:.1f}: {_ms(p['routes'][r]['p50_ms'])} / "
+                f"{_ms(p['routes'][r]['p99_ms'])}"
+                for r in routes
+            ]
+            rounds = " ".join(f"{x:.0f}" for x in p.get("rounds_req_s", []))
+            table.add_row(
+                name,
+                conc,
+                f"{p['req_s']:.1f}",
+                rounds,
+                f"{_ms(p['p50_ms'])} / {_ms(p['p99_ms'])}",
+                *cells,
+                str(p["errors"]),
+            )
     console.print(table)
-    console.print("embed / vision columns: req/s: p50 / p99 ms", highlight=False)
+    console.print("route columns: req/s: p50 / p99 ms; rounds: each round's req/s", highlight=False)
     for name, stack in stacks.items():
         console.print(
             f"{name}: start-up {stack['startup_s']:.2f} s, idle RSS {stack['idle_rss_mb']:.0f} MB,"
@@ -185,12 +208,16 @@ def run_bench_placement(
     seconds: float = 5.0,
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     runtimes: Sequence[str] = RUNTIMES,
+    load: str = "two",
+    rounds: int = 2,
 ) -> int:
     """Run the placement comparison and print it (progress on stderr)."""
     err = Console(stderr=True)
     result = run_placement_bench(
         seconds,
         concurrency,
+        load=load,
+        rounds=rounds,
         runtimes=runtimes,
         progress=lambda message: err.print(message, highlight=False),
     )

@@ -97,6 +97,16 @@ def _add_bench(commands: Any) -> None:
         "assignment (instead of the stacks against FastAPI)",
     )
     bench.add_argument(
+        "--load",
+        choices=["two", "six"],
+        default="two",
+        help="serve --placement: two (the serve bench's embed and vision) or six (the default "
+        "policy's six stages, one pipeline each)",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="serve --placement: interleaved rounds per point"
+    )
+    bench.add_argument(
         "--runtimes",
         default="onnxruntime,openvino,torch",
         help="serve --placement: the runtimes to pin every stage to, one stack each",
@@ -122,7 +132,11 @@ def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Nam
                 parser.error(
                     f"--runtimes: one or more of {', '.join(RUNTIMES)}, got {args.runtimes!r}"
                 )
-            return run_bench_placement(out, args.json, args.seconds, levels, runtimes)
+            if args.rounds < 1:
+                parser.error(f"--rounds: a positive count, got {args.rounds}")
+            return run_bench_placement(
+                out, args.json, args.seconds, levels, runtimes, args.load, args.rounds
+            )
         return run_bench_serve(out, args.json, args.seconds, levels)
     from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
 

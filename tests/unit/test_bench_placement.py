@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hetero.framework.bench.serve_placement import (
     _fastest_alone,
     _median_point,
     assignment_policy,
+    load_named,
     placement_ratios,
 )
+from hetero.framework.bench.serve_stages import SIX_STAGE_SHARES, StageMix
 from hetero.framework.policy import load_policy
 
 
@@ -84,3 +87,36 @@ def test_a_stacks_figure_is_its_median_round() -> None:
     )
     assert point["req_s"] == 20.0 and point["p99_ms"] == 5
     assert point["rounds_req_s"] == [30.0, 10.0, 20.0]
+
+
+def test_the_six_stage_goal_at_the_middle_concurrency_is_a_tenth_over_the_best_pinning() -> None:
+    stacks = {
+        "pinned:onnxruntime": _stack({"1": 10.0, "8": 10.0}),
+        "free": _stack({"1": 10.5, "8": 10.5}),
+    }
+    _, goals = placement_ratios(stacks, [1, 8], "six")
+    c1 = goals["c1 free placement vs best single-runtime pinning (pinned:onnxruntime)"]
+    c8 = goals["c8 free placement vs best single-runtime pinning (pinned:onnxruntime)"]
+    assert (c1["goal"], c1["met"]) == (">= 1.0", True)
+    assert (c8["goal"], c8["met"]) == (">= 1.1", False)
+
+
+def test_the_six_stage_mix_asks_every_stage_through_its_pipeline() -> None:
+    mix = StageMix("000001")
+    stream = mix.stream(0)
+    requests = [next(stream) for _ in range(2000)]
+    counts = {route: sum(r.route == route for r in requests) for route in mix.routes()}
+    for (name, share), route in zip(SIX_STAGE_SHARES, mix.routes(), strict=True):
+        assert route == f"/v1/pipelines/{name}"
+        assert abs(counts[route] / len(requests) - share) < 0.04
+    body = yaml.safe_load(next(r.body for r in requests if r.route.endswith("/chat")))
+    assert body["max_tokens"] == 16 and body["inputs"]["text"]
+    again = StageMix("000001").stream(0)
+    assert [next(again).body for _ in range(50)] == [r.body for r in requests[:50]]
+
+
+def test_an_unknown_load_is_refused() -> None:
+
+    with pytest.raises(ValueError, match="unknown load"):
+        load_named("seven")
+    assert load_named("six").policy == "builtin:bench-six"
