@@ -114,6 +114,7 @@ def reports(door: subprocess.Popen[str]) -> queue.Queue[dict[str, Any]]:
         for line in door.stdout:
             if line.startswith("{"):
                 lines.put(json.loads(line))
+        lines.put({"ended": True, "waves": -1, "devices": [], "unreachable": None})
 
     threading.Thread(target=read, daemon=True).start()
     return lines
