@@ -47,7 +47,7 @@ def test_the_mixed_fleet_gives_identical_json_under_every_hash_seed(tmp_path: Pa
         shipped.replace("duration_s: 180", "duration_s: 8").replace("warmup_s: 30", "warmup_s: 3")
     )
     runs = {seed: simulate(seed, workload) for seed in ("0", "1", "2")}
-    assert runs["0"]["results"][0]["completed"] > 1000  # it did run the fleet
+    assert runs["0"]["results"][0]["completed"] > 500  # it did run the fleet (decode modelled)
     assert runs["0"] == runs["1"] == runs["2"]
 
 
