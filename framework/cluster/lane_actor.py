@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
+from hetero.framework.cluster.lane_start import visible_device
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
@@ -54,7 +55,8 @@ class LaneActor:
         registry = registry or default_registry()
         backend = registry.backend(device_id.split(":", 1)[0])
         self.fleet_id = fleet_id or device_id
-        self.models = DeviceModels(backend, backend.device(device_id))
+        self.gpus = _assigned_gpus()  # Ray's GPU ids for this actor (num_gpus), or none
+        self.models = DeviceModels(backend, backend.device(visible_device(device_id, self.gpus)))
         self.plugins: dict[str, StagePlugin] = {}
         self.kept = KeptStore()
         self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
@@ -71,6 +73,10 @@ class LaneActor:
     def ready(self) -> bool:
         """Answers once the actor is up."""
         return True
+
+    def gpu_ids(self) -> tuple[list[str], str | None]:
+        """The GPUs Ray assigned this actor and its ``CUDA_VISIBLE_DEVICES``."""
+        return self.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def pid(self) -> int:
         """This actor's process id (a restarted actor is a new process)."""
@@ -283,6 +289,17 @@ class LaneActor:
         if remote:
             values.update(_read_elsewhere(remote))
         return [_substitute(p, values) for p in payloads]
+
+
+def _assigned_gpus() -> list[str]:
+    """Ray's GPU ids for this actor ([] outside Ray, or without ``num_gpus``)."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    if not ray.is_initialized():
+        return []
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
 def _read_elsewhere(

@@ -8,7 +8,11 @@ leaves (``detach``) when it closes; the last one to leave closes the actor, so a
 dies takes none of the devices' actors with it: the others' requests go on.
 
 It holds a share of the device's custom resource (``hetero/<device>``) where the node
-advertises one, so other Ray work cannot take the whole device while it lives.
+advertises one, so other Ray work cannot take the whole device while it lives, and, for a GPU
+on a node that gives Ray GPUs (``ray start --num-gpus``), one of Ray's GPUs (``num_gpus=1``):
+Ray hands that GPU to no other job while hetero holds it. Ray then sets the actor's
+``CUDA_VISIBLE_DEVICES`` to the GPU it assigned, and the actor's device id follows
+(:func:`visible_device`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hetero.framework.devices import DeviceSpec
+from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.errors import DeviceError
 
 __all__ = [
@@ -31,6 +35,7 @@ __all__ = [
     "device_resource",
     "lane_options",
     "restarted",
+    "visible_device",
     "wait_gone",
 ]
 
@@ -39,6 +44,7 @@ ACTOR_NICENESS = 0  # a device actor's CPU priority: the front door's lanes', no
 ACTOR_PREFIX = "hetero-lanes:"  # a device actor's name: this and the device id
 LANE_CONCURRENCY = 16  # runs of the device's stages side by side, reads of its kept outputs
 MAX_RESTARTS = 3  # times Ray restarts a device's actor that died; then a fresh one is started
+GPU_CLASSES = frozenset({DeviceClass.CUDA, DeviceClass.ROCM})  # what Ray counts as GPUs
 GONE_POLL_S = 0.05  # how often a killed actor's name is looked up until it is free
 READY_WAIT_S = 60.0  # how long a restarted actor may take to answer before it counts as gone
 READY_POLL_S = 0.2  # how often a restarting actor is asked whether it is back
@@ -86,7 +92,23 @@ def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
     if device.properties.get("reserved"):
         local = str(device.properties["node_device"])
         options["resources"] = {device_resource(local): LANE_SHARE}
+    if device.device_class in GPU_CLASSES and float(device.properties.get("node_gpus", 0)) >= 1:
+        options["num_gpus"] = 1  # Ray's own accounting: no other job is handed this GPU
     return options
+
+
+def visible_device(local_device_id: str, assigned: list[str]) -> str:
+    """The id a device actor opens its device by once Ray assigned it GPUs (``num_gpus``): Ray
+    sets ``CUDA_VISIBLE_DEVICES`` (``HIP_VISIBLE_DEVICES``) to the ``assigned`` GPU ids, so the
+    GPU the node calls ``cuda:3`` is ``cuda:0`` inside an actor given GPU 3. Ray picks the
+    GPU, not hetero: given another than the device's own, the actor serves the one Ray gave
+    it (``cuda:0``: its first visible GPU), so Ray's accounting and the GPU in use agree (the
+    host warns). Ids without a trailing ``:<index>`` (a fake or simulated device) and actors
+    given no GPU keep theirs."""
+    name, _, index = local_device_id.rpartition(":")
+    if not assigned or not name or not index.isdigit():
+        return local_device_id
+    return f"{name}:{assigned.index(index) if index in assigned else 0}"
 
 
 def wait_gone(ray: Any, name: str, namespace: str, timeout_s: float) -> bool:

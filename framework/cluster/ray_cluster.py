@@ -267,6 +267,7 @@ class RayCluster:
         # nodes whose agent has not reported yet: agent, its devices() call, lent, since when
         self._pending: dict[str, tuple[Any, Any, set[str], float]] = {}
         self._slow: set[str] = set()  # pending nodes already warned about
+        self._gpus: dict[str, float] = {}  # GPUs each node gives Ray (ray start --num-gpus)
         self._lock = threading.Lock()
         self.refresh(DISCOVERY_WAIT_S)
 
@@ -291,6 +292,7 @@ class RayCluster:
                         scheduling_strategy=strategy(node_id=node_id, soft=False),
                     ).remote()
                     self._pending[node_id] = (agent, agent.devices.remote(), lent, time.monotonic())
+                    self._gpus[node_id] = float(node.get("Resources", {}).get("GPU", 0))
             pending = dict(self._pending)
         if not pending:
             return []
@@ -309,7 +311,7 @@ class RayCluster:
                 logger.warning("ray node %s: no devices: %s", node_id[:12], err)
                 continue
             named = [
-                (_on_node(spec, node_id, bool(reserved)), formats)
+                (_on_node(spec, node_id, bool(reserved), self._gpus.get(node_id, 0.0)), formats)
                 for spec, formats in devices
                 if not reserved or device_resource(spec.id) in reserved
             ]
@@ -345,7 +347,7 @@ class RayCluster:
                 on_lost(node["NodeID"])
 
 
-def _on_node(spec: DeviceSpec, node_id: str, reserved: bool) -> DeviceSpec:
+def _on_node(spec: DeviceSpec, node_id: str, reserved: bool, gpus: float = 0.0) -> DeviceSpec:
     """A node's device as the fleet sees it: unique id, the node as its host, backend ``ray``."""
     import dataclasses
 
@@ -362,6 +364,7 @@ def _on_node(spec: DeviceSpec, node_id: str, reserved: bool) -> DeviceSpec:
             "node_device": spec.id,
             "node_backend": spec.backend,
             "reserved": reserved,  # its lanes hold a share of the node's hetero/<id> resource
+            "node_gpus": gpus,  # a GPU device's actor holds one of them (Ray's GPU resource)
         },
     )
 

@@ -145,6 +145,18 @@ class RayModelHost:
         actor = lanes.options(**options).remote(self._local_id, self.device.id)
         self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
         self._incarnation = self._touch(actor)
+        if "num_gpus" in options:  # Ray picked the GPU; the actor serves the one it was given
+            gpus, visible = self._call(actor.gpu_ids.remote(), "its GPUs", READY_WAIT_S)
+            own = self._local_id.rpartition(":")[2]
+            if own.isdigit() and own not in gpus:
+                logger.warning(
+                    "%s: Ray gave its actor GPU %s (CUDA_VISIBLE_DEVICES=%s), not %s: it"
+                    " serves that one",
+                    self.device.id,
+                    ",".join(gpus),
+                    visible,
+                    own,
+                )
         return actor
 
     def _touch(self, actor: Any) -> str:
