@@ -22,6 +22,7 @@ from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.admitting import Admitter
 from hetero.framework.engine.dispatch import Dispatcher
+from hetero.framework.engine.fills import CacheFills
 from hetero.framework.engine.graph_runner import GraphRunner
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.lanes import (
@@ -33,6 +34,7 @@ from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.outcomes import Outcomes
 from hetero.framework.engine.request_graph import FeatureStore, RequestGraph
 from hetero.framework.engine.requests import EngineResult, RequestState, settle
+from hetero.framework.engine.route_requests import RouteRequests
 from hetero.framework.engine.stage_set import StageVersions
 from hetero.framework.engine.status import (
     AccessGate,
@@ -117,6 +119,8 @@ class Engine:
         self.warmer = WarmUp(self)
         self.versions = StageVersions(self)
         self.runner = GraphRunner(self)
+        self.fills = CacheFills(self)
+        self.routes = RouteRequests(self)
         self.outcomes = Outcomes(self)
         self.dispatcher = Dispatcher(self)
         self.cache = cache
@@ -378,7 +382,7 @@ class Engine:
     ) -> Future[EngineResult]:
         """Start a request on a policy route of bare-graph stages; its future holds the sink
         steps' outputs (raises as :meth:`submit_graph` does, and ``UnknownRouteError``)."""
-        return self.runner.submit(
+        return self.routes.submit(
             route, payload, qos_class=qos_class, profile=profile, principal=principal
         )
 
@@ -392,7 +396,7 @@ class Engine:
         profile: RequestProfile | None = None,
     ) -> EngineResult:
         """Submit and wait; on timeout the request's remaining work is cancelled."""
-        return self.runner.run(
+        return self.routes.run(
             route, payload, timeout=timeout, qos_class=qos_class, profile=profile
         )
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +20,6 @@ from hetero.framework.engine.status import (
 )
 from hetero.framework.errors import (
     QueueFullError,
-    RequestTimeoutError,
     ShedError,
     UnknownRouteError,
 )
@@ -44,38 +41,18 @@ logger = logging.getLogger(__name__)
 _request_ids = itertools.count(1)
 
 
+def new_request_id(caller_id: str | None) -> str:
+    """The engine's id of a new request: the caller's (the HTTP request's) extended, or its
+    own."""
+    number = next(_request_ids)
+    return f"{caller_id}:{number}" if caller_id else f"req-{number}"
+
+
 class GraphRunner:
     """Starts requests and queues their steps as they become ready."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-
-    def submit(
-        self,
-        route: str,
-        payload: Mapping[str, Any],
-        *,
-        qos_class: str | None = None,
-        profile: RequestProfile | None = None,
-        principal: Any = None,
-    ) -> Future[EngineResult]:
-        """Start a request on a policy route; its future holds the sink steps' outputs.
-        Cancelling the future cancels the request.
-
-        Raises:
-            UnknownRouteError: the policy has no such route.
-            PermissionError: a step touches a partition and the gate refused (or there is no
-                gate); nothing was queued.
-            ShedError: admission refused it (``status`` 429, ``retry_after_s``), or the engine
-                is shutting down (503).
-            KeyError: unknown QoS class.
-        """
-        spec = self.engine.policy.spec
-        if route not in spec.routes:
-            raise UnknownRouteError(route, tuple(sorted(spec.routes)))
-        pipeline = self.engine.policy.pipeline_for_route(route)
-        payload = {name: np.asarray(value) for name, value in payload.items()}
-        return self._submit(route, pipeline, payload, qos_class, profile, principal, None, None)
 
     def submit_stage(
         self,
@@ -140,13 +117,12 @@ class GraphRunner:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
         deadline_s = engine.admission.deadline_s(qos)
-        number = next(_request_ids)
-        request_id = f"{graph.request_id}:{number}" if graph.request_id else f"req-{number}"
+        request_id = new_request_id(graph.request_id)
         principal = graph.principal
-        self._authorize(pipeline, graph.name, principal, request_id)
+        self.authorize(pipeline, graph.name, principal, request_id)
         if engine._stopping:
             raise ShedError("engine is shutting down", status=503)
-        hits = self._lookup(graph)
+        hits = self.engine.fills.lookup(graph)
         state = RequestState(
             request_id=request_id,
             route=graph.name,
@@ -235,23 +211,6 @@ class GraphRunner:
             return node.items
         return plugin.items(node.payload) if node.payload is not None else 1
 
-    def _lookup(self, graph: RequestGraph) -> dict[str, tuple[Any, str]]:
-        """First steps the feature cache answers, by step: (value, tier)."""
-        hits: dict[str, tuple[Any, str]] = {}
-        if self.engine.features is None or graph.variant not in (None, "full"):
-            return hits
-        for step, node in graph.nodes.items():
-            if node.cache_key is None or node.after:
-                continue
-            try:
-                value, tier = self.engine.features.lookup(node.stage, node.cache_key("full"))
-            except Exception as err:  # the cache never fails a request: a miss
-                logger.warning("cache lookup for %s failed: %s", node.stage, err)
-                continue
-            if value is not None and tier is not None:
-                hits[step] = (value, tier)
-        return hits
-
     def start(
         self, state: RequestState, principal: Any, shares: tuple[str, ...] | None = None
     ) -> Future[EngineResult]:
@@ -298,53 +257,7 @@ class GraphRunner:
         self.engine.dispatcher.kick()
         return future
 
-    def _submit(
-        self,
-        route: str,
-        pipeline: Pipeline,
-        payload: Any,
-        qos_class: str | None,
-        profile: RequestProfile | None,
-        principal: Any,
-        variant: str | None,
-        caller_id: str | None,
-    ) -> Future[EngineResult]:
-        spec = self.engine.policy.spec
-        qos = qos_class or spec.qos.default_class
-        if qos not in spec.qos.classes:
-            classes = ", ".join(sorted(spec.qos.classes))
-            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
-        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
-        number = next(_request_ids)
-        request_id = f"{caller_id}:{number}" if caller_id else f"req-{number}"
-        self._authorize(pipeline, route, principal, request_id)
-        if self.engine._stopping:
-            raise ShedError("engine is shutting down", status=503)
-        first = pipeline.steps[pipeline.order[0]].stage
-        if variant is None:
-            plugin = self.engine.plugins.get(first)
-            items = plugin.items(payload) if plugin is not None else 1
-            variant, _ = self.engine.admitter.admit(
-                first, qos, profile, items=items, principal=principal
-            )
-        now = self.engine.clock.now()
-        future: Future[EngineResult] = Future()
-        state = RequestState(
-            request_id=request_id,
-            route=route,
-            pipeline=pipeline,
-            payload=payload,
-            qos_class=qos,
-            variant=variant,
-            arrival=now,
-            deadline=now + deadline_s,
-            future=future,
-            units=self.engine.admitter.units(profile),
-            principal=principal,
-        )
-        return self.start(state, principal, (first,))
-
-    def _authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
+    def authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
         for step in pipeline.order:
             stage = pipeline.steps[step].stage
             partition = self.engine.policy.stages[stage].partition
@@ -356,31 +269,6 @@ class GraphRunner:
                     "engine has no compliance gate"
                 )
             self.engine.gate.authorize(principal, stage, request_id)
-
-    def run(
-        self,
-        route: str,
-        payload: Mapping[str, Any],
-        *,
-        timeout: float | None = None,
-        qos_class: str | None = None,
-        profile: RequestProfile | None = None,
-    ) -> EngineResult:
-        """Submit and wait; on timeout the request's remaining work is cancelled."""
-        future = self.submit(route, payload, qos_class=qos_class, profile=profile)
-        try:
-            return future.result(timeout=timeout)
-        except FutureTimeoutError:
-            request_id = self._request_of(future)
-            if request_id is not None and self.cancel(request_id):
-                raise RequestTimeoutError(request_id, timeout or 0.0) from None
-            return future.result()  # it finished while the timeout was being handled
-
-    def _request_of(self, future: Future[EngineResult]) -> str | None:
-        with self.engine._lock:
-            return next(
-                (rid for rid, s in self.engine._requests.items() if s.future is future), None
-            )
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request: queued steps are dropped, running ones finish and are ignored."""
@@ -419,7 +307,7 @@ class GraphRunner:
                 variant = state.variants.get(step) or (
                     state.variant if state.variant in stages[stage].variants else "full"
                 )
-                cached = self._cached(state, step, stage, variant)
+                cached = self.engine.fills.cached(state, step, stage, variant)
                 if cached is not None:
                     size = sum(int(np.asarray(v).nbytes) for v in cached.values())
                     state.outputs[step] = OutputHandle(CACHE_DEVICE, cached, size)
@@ -468,35 +356,3 @@ class GraphRunner:
             arrays.update(state.outputs[dep].value)
         names = plugin.graphs(state.variant)["main"].input_names
         return {n: arrays[n] for n in names if n in arrays} if names else arrays
-
-    def _cache_identity(self, stage: str, variant: str) -> tuple[str, str, str, str | None]:
-        config = self.engine.policy.stages[stage]
-        return stage, config.model_version, variant, config.partition
-
-    def _cached(self, state: RequestState, step: str, stage: str, variant: str) -> Any:
-        if self.engine.cache is None or not isinstance(self.engine.plugins.get(stage), GraphStage):
-            return None
-        try:
-            inputs = self.engine._fetched(self.step_inputs(state, step))
-            return self.engine.cache.get_outputs(*self._cache_identity(stage, variant), inputs)
-        except Exception as err:  # the cache never fails a request: a miss
-            logger.warning("cache lookup for %s failed: %s", stage, err)
-            return None
-
-    def offer(self, task: StageTask, inputs: Any, outputs: Any, key: Any = None) -> None:
-        if key is not None and self.engine.features is not None:
-            try:
-                self.engine.features.put(task.stage, key, self.engine._fetched(outputs))
-            except Exception as err:  # the cache never fails a request
-                logger.warning("caching %s failed: %s", task.stage, err)
-            return
-        if self.engine.cache is None or not isinstance(self.engine.plugins[task.stage], GraphStage):
-            return
-        try:
-            self.engine.cache.put_outputs(
-                *self._cache_identity(task.stage, task.variant),
-                self.engine._fetched(inputs),
-                self.engine._fetched(outputs),
-            )
-        except Exception as err:
-            logger.warning("caching %s failed: %s", task.stage, err)

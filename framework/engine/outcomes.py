@@ -96,7 +96,7 @@ class Outcomes:
             if error is not None:
                 self.engine.runner.end(state)  # a done one ends in answer(), once fetched
         if offered is not None or (key is not None and outcome.error is None):
-            self.engine.runner.offer(
+            self.engine.fills.offer(
                 task, offered, outcome.output, key
             )  # outside the lock: it does I/O
         if not finished:

@@ -2,7 +2,7 @@
 :class:`GraphCalls` turns them into one request graph, picks each stage's version (rollout),
 submits it once with :meth:`Engine.submit_graph
 <hetero.framework.engine.Engine.submit_graph>`, and reports how each step ran and its spans.
-The feature cache is asked by the engine through :class:`CacheAdapter`; generations stream
+The feature cache is asked by the engine through ``cache_adapter.CacheAdapter``; generations stream
 their pieces back as they come."""
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ import asyncio
 import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetero.cache.feature_cache import FeatureCache
 from hetero.cache.keys import feature_key
 from hetero.framework.data_subject import SubjectData
 from hetero.framework.engine import (
@@ -26,12 +24,24 @@ from hetero.framework.engine import (
     GraphNode,
     Metrics,
     RequestGraph,
-    StepTrace,
 )
 from hetero.framework.engine.heap import release_free_memory
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
+from hetero.framework.server.cache_adapter import CACHED_KINDS
 from hetero.framework.server.errors import APIError
+from hetero.framework.server.graph_steps import (
+    LLM_STEP,
+    GraphAnswer,
+    PromptBuilder,
+    Started,
+    Step,
+    check_caller,
+    ended_at,
+    profile_of,
+    retried,
+    step_content,
+)
 from hetero.framework.server.rollout import Ticket
 from hetero.framework.server.served import ServedStage, StageRun
 from hetero.framework.server.stage_spans import StageSpans
@@ -40,86 +50,9 @@ from hetero.framework.stage_plugin import Generation
 if TYPE_CHECKING:
     from hetero.framework.server.serving import Serving
 
-__all__ = [
-    "CACHED_KINDS",
-    "LLM_STEP",
-    "CacheAdapter",
-    "GraphAnswer",
-    "GraphCalls",
-    "PromptBuilder",
-    "Started",
-    "Step",
-]
+__all__ = ["GraphCalls"]
 
-CACHED_KINDS = frozenset({"vision_encode", "ocr", "asr", "text_embed"})
-PromptBuilder = Callable[[Mapping[str, Any]], tuple[list[dict[str, str]], Sequence[int] | None]]
-"""Builds an LLM step's messages (and their token ids, when counted) from the outputs of the
-steps before it."""
 PARTS_IN_FLIGHT = 2  # parts of one embeddings request queued or running at once
-LLM_STEP = "llm_generate"  # the generating step of a request graph that ends in generation
-
-
-@dataclass(slots=True)
-class Step:
-    """One step of a request as a route describes it: the stage, its input (or how it is
-    built from the outputs of the steps ``after``), the input's profile, measured once where
-    the input was read, and the content its feature-cache key is made of (None: not
-    cached)."""
-
-    stage: ServedStage
-    payload: Any = None
-    after: tuple[str, ...] = ()
-    compose: Callable[[Mapping[str, Any]], Any] | None = None
-    profile: RequestProfile | None = None
-    content: bytes | None = None
-    items: int | None = None
-    answer: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class GraphAnswer:
-    """A finished request graph: the answered steps' outputs and how every step ran."""
-
-    outputs: dict[str, Any]
-    runs: dict[str, StageRun]
-
-
-@dataclass(slots=True)
-class Started:
-    """A request graph the engine took: its future, when it was submitted and admitted, the
-    version each step runs on and each step's span collector."""
-
-    future: Future[EngineResult]
-    began: float
-    admitted: float
-    stages: dict[str, ServedStage]
-    spans: dict[str, StageSpans] = field(default_factory=dict)
-
-
-class CacheAdapter:
-    """The feature cache as the engine asks it: values converted per stage kind, hits and
-    misses counted per policy stage."""
-
-    def __init__(self, serving: Serving, cache: FeatureCache) -> None:
-        self.serving = serving
-        self.cache = cache
-
-    def _kind(self, stage: str) -> str:
-        engine = self.serving.engine
-        plugin = engine.plugins.get(stage) if engine is not None else None
-        return str(getattr(plugin, "name", ""))
-
-    def lookup(self, stage: str, key: Any) -> tuple[Any, str | None]:
-        hit, tier = self.cache.lookup(key)
-        name = stage.split("@", 1)[0]  # a swapped-in version's engine stage: name@version
-        if hit is None:
-            self.serving.metrics.cache_misses.labels(name).inc()
-            return None, None
-        self.serving.metrics.cache_hits.labels(name).inc()
-        return _from_cache(self._kind(stage), hit), tier
-
-    def put(self, stage: str, key: Any, value: Any) -> None:
-        self.cache.put(key, _to_cache(self._kind(stage), value))
 
 
 class GraphCalls:
@@ -156,7 +89,7 @@ class GraphCalls:
             try:
                 return await self._await(self._start(name, steps, tickets, caller, request_id))
             except Exception as err:
-                retry = _retried(tickets, err)
+                retry = retried(tickets, err)
                 if retry is None:
                     raise
                 tickets = retry
@@ -172,7 +105,7 @@ class GraphCalls:
         try:
             for step in steps.values():
                 if step.stage.name not in tickets:
-                    _admit(step.stage, caller)
+                    check_caller(step.stage, caller)
                     tickets[step.stage.name] = self.serving.versions.pick(step.stage)
         except BaseException:
             for ticket in tickets.values():
@@ -262,7 +195,7 @@ class GraphCalls:
             ran = [trace for trace in result.steps if trace.step == step]
             spans.ran(ran)
             if streamed is None or step not in streamed:
-                spans.done(run, ended=_ended(ran))
+                spans.done(run, ended=ended_at(ran))
         return GraphAnswer(result.outputs, runs)
 
     async def run(
@@ -297,7 +230,11 @@ class GraphCalls:
 
         async def one(part: list[str]) -> GraphAnswer:
             step = Step(
-                stage, part, profile=plugin.profile(part), content=_content(part), items=len(part)
+                stage,
+                part,
+                profile=plugin.profile(part),
+                content=step_content(part),
+                items=len(part),
             )
             return await self.submit(
                 stage.name, {stage.name: step}, caller=caller, request_id=request_id
@@ -473,61 +410,5 @@ def _generation_steps(
         llm = Step(stage, job, after=tuple(upstream))
     if prompt_ids is not None:
         job.prompt_ids = tuple(prompt_ids)
-    llm.profile = _profile_of(stage, job)  # the plugin's: the one admission and placement see
+    llm.profile = profile_of(stage, job)  # the plugin's: the one admission and placement see
     return {**upstream, LLM_STEP: llm}
-
-
-def _content(texts: Sequence[str]) -> bytes:
-    """What a part of texts' cache key is made of: each text length-prefixed, a single one
-    too (a prefix-free encoding: no text, however crafted, gives another part's bytes)."""
-    return b"".join(len(t.encode()).to_bytes(8, "little") + t.encode() for t in texts)
-
-
-def _profile_of(stage: ServedStage, payload: Any) -> RequestProfile | None:
-    """The plugin's measure of ``payload`` (None when it cannot tell)."""
-    try:
-        profile: RequestProfile | None = stage.plugin.profile(payload)
-    except Exception:  # a payload it cannot measure is judged by the run itself
-        return None
-    return profile
-
-
-def _retried(tickets: Mapping[str, Ticket], error: BaseException) -> dict[str, Ticket] | None:
-    """The tickets to answer a request again with, when it failed on a canary."""
-    out = dict(tickets)
-    again = False
-    for name, ticket in tickets.items():
-        retry = ticket.failed(error)
-        if retry is not None:
-            out[name] = retry
-            again = True
-    return out if again else None
-
-
-def _ended(ran: Sequence[StepTrace]) -> float | None:
-    """When the last of a step's runs ended (None: nothing ran, the cache answered)."""
-    ends = [t.started_at + t.load_s + t.run_s for t in ran]
-    return max(ends) if ends else None
-
-
-def _to_cache(kind: str, value: Any) -> Any:
-    if kind == "vision_encode":
-        return {**value, "embedding": np.asarray(value["embedding"]).astype(float).tolist()}
-    return value
-
-
-def _from_cache(kind: str, value: Any) -> Any:
-    if kind == "vision_encode" and isinstance(value, dict):
-        return {**value, "embedding": np.asarray(value["embedding"], dtype=np.float32)}
-    return value
-
-
-def _admit(stage: ServedStage, caller: Caller) -> None:
-    """A stage that touches a partition needs an API key (401 for the anonymous)."""
-    if stage.sensitive and caller.anonymous:
-        raise APIError(
-            401,
-            f"stage {stage.name!r} touches partition {stage.config.partition!r}: "
-            "an API key is required",
-            code="authentication_required",
-        )

@@ -12,7 +12,7 @@ from typing import Any
 from hetero.framework.scheduler.breakers import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.graph_calls import LLM_STEP, Step
+from hetero.framework.server.graph_steps import LLM_STEP, Step
 from hetero.framework.server.media import audio_seconds, image_size
 from hetero.framework.server.served import ServedStage, StageRun
 from hetero.framework.server.serving import Serving

@@ -28,7 +28,7 @@ from hetero.framework.server.bodies import (
 from hetero.framework.server.context import CallerDep, about, runtime_of
 from hetero.framework.server.errors import APIError, json_error_bytes
 from hetero.framework.server.fastjson import FastJSONResponse
-from hetero.framework.server.graph_calls import PromptBuilder, Step
+from hetero.framework.server.graph_steps import PromptBuilder, Step
 from hetero.framework.server.media import audio_seconds, decode_data_url
 from hetero.framework.server.openapi import json_body, multipart_body
 from hetero.framework.server.pipelines import SYSTEM_PROMPT, context_of, image_steps

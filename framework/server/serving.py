@@ -28,8 +28,9 @@ from hetero.framework.errors import HeteroError
 from hetero.framework.policy import Policy
 from hetero.framework.policy.schema import PolicySpec, ServerConfig, ServerLimits
 from hetero.framework.registry import Registry, default_registry
+from hetero.framework.server.cache_adapter import CacheAdapter
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.graph_calls import CacheAdapter, GraphCalls
+from hetero.framework.server.graph_calls import GraphCalls
 from hetero.framework.server.ops_metrics import (
     CacheTierCollector,
     ClusterCollector,
