@@ -64,7 +64,7 @@ async def _one_after_another(
 ) -> None:
     """The same stages, each waited for before the next starts (each one's time noted)."""
     width, height = image_size(image, rt.limits, "image")
-    profile = RequestProfile(image_pixels=width * height)
+    profile = RequestProfile.of_image(width, height)
     began = time.perf_counter()
     vision, _ = await rt.calls.run(
         rt.stage_of_kind("vision_encode"), image, caller=caller, profile=profile
