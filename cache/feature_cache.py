@@ -185,6 +185,12 @@ class FeatureCache:
             key=lambda t: self._cost.get(t.name, float("inf")) if t.up else float("inf"),
         )
 
+    @property
+    def bloom_first(self) -> bool:
+        """Whether lookups ask the Bloom filter before the lower tiers now (see
+        :meth:`_weigh_bloom`); False also while the filter is still warming."""
+        return self._gate
+
     def tier_order(self) -> list[str]:
         """The tiers in the order reads ask them."""
         return (["memory"] if self.memory is not None else []) + [t.name for t in self._lower]

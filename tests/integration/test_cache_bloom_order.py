@@ -62,6 +62,7 @@ def counting(cache: FeatureCache, monkeypatch: pytest.MonkeyPatch) -> dict[str, 
 def test_hits_below_memory_stop_asking_the_bloom_filter_and_misses_bring_it_back(
     disk_only: FeatureCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    assert disk_only.bloom_first  # first until the lookups say otherwise
     stored = [make_key(f"stored-{i}".encode()) for i in range(8)]
     for index, each in enumerate(stored):
         disk_only.put(each, [index])
@@ -76,6 +77,7 @@ def test_hits_below_memory_stop_asking_the_bloom_filter_and_misses_bring_it_back
         assert disk_only.get(each) == [index]
     assert calls["bloom"] == first
     assert calls["disk"] == 328  # the control: every lookup read the disk
+    assert not disk_only.bloom_first
 
     # Now only misses: each costs a disk read until a weighing puts the filter first again.
     calls.update(bloom=0, disk=0)
@@ -84,3 +86,4 @@ def test_hits_below_memory_stop_asking_the_bloom_filter_and_misses_bring_it_back
     assert calls["disk"] < 100  # the first weighing after at least 64 misses below
     assert calls["bloom"] > 300
     assert disk_only.metrics.bloom_negative_count > 300
+    assert disk_only.bloom_first
