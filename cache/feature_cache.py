@@ -297,8 +297,8 @@ class FeatureCache:
 
     def _weigh_bloom(self) -> None:
         """Whether the Bloom filter should be asked before the lower tiers: it saves a read of
-        the first of them on a miss and costs its check on a hit, so it pays while the share of
-        lookups below memory that miss, times that tier's miss read, exceeds the check (both
+        each of them on a miss and costs its check on a hit, so it pays while the share of
+        lookups below memory that miss, times those reads of an absent key, exceeds the check (both
         timed on the probe at start-up; the share counted over the lookups since the last
         weighing, at least WEIGH_OVER of them). Called on the sampled reads: when the filter
         answers every lookup (all misses) there is none, and it stays first."""
@@ -309,8 +309,8 @@ class FeatureCache:
             return
         self._below_seen = (below, misses)
         share = (misses - seen_misses) / (below - seen_below)
-        first = self._lower[0]
-        self._bloom_first = share * self._miss_cost.get(first.name, 0.0) > self._bloom_cost
+        missed = sum(self._miss_cost.get(tier.name, 0.0) for tier in self._lower)
+        self._bloom_first = share * missed > self._bloom_cost
         self._gate = self._trust_bloom and self._bloom_first
 
     def _from_lower(self, key: FeatureKey, cipher: Cipher | None) -> Any | None:
