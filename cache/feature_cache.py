@@ -271,21 +271,24 @@ class FeatureCache:
             # decrypt (an L3 hit with the memory tier off).
             text = key.text
             lower = self._lower  # one list throughout: _order swaps in a new one
-            for index, tier in enumerate(lower):
+            index = -1
+            for tier in lower:
+                index += 1
                 blob = tier.get(text)
                 if blob is None:
                     continue
+                found = tier.name
                 if index or cipher is not None or memory is not None:
                     value = self._accept(tier, key, cipher, blob, lower[:index])
                 else:
                     try:
-                        value = decode(blob, tier.name)
+                        value = decode(blob, found)
                     except Exception as err:
                         self._unreadable(tier, key, err)
                         continue
-                    self._hits[tier.name] += 1
+                    self._hits[found] += 1
                 if value is not None:
-                    return value, tier.name
+                    return value, found
             value, name = None, None
         else:
             value, name = self._read_lower_timed(key, cipher)
