@@ -35,7 +35,7 @@ import httpx
 import yaml
 
 from hetero.framework.bench import serve_procs as bench_procs
-from hetero.framework.bench.serve import POLICY, READY_TIMEOUT_S, _warm, _warmup_s
+from hetero.framework.bench.serve import POLICY, _warm, _warmup_s
 from hetero.framework.bench.serve_load import closed_loop
 from hetero.framework.bench.serve_mix import RequestMix, new_nonce
 from hetero.framework.bench.serve_stages import SIX_STAGE_POLICY, StageMix
@@ -50,6 +50,8 @@ __all__ = [
 ]
 
 RUNTIMES = ("onnxruntime", "openvino", "torch")
+# A first start times six stages on every runtime: minutes on a busy two-core machine.
+READY_TIMEOUT_S = 900.0
 Progress = Callable[[str], None]
 
 

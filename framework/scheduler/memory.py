@@ -18,9 +18,10 @@ output tokens, in whole blocks of the paged allocator) when it is placed and giv
 when it finishes; the reservation counts as used memory, so a device whose KV room is taken
 is skipped or waited for (admission, never preemption).
 
-One physical device that several runtimes expose (``cuda:0`` and ``vllm:cuda:0``) has one
-memory: their managers share a :class:`SharedMemory`, so what either holds leaves less room
-for both (each still evicts only its own models).
+One physical memory that several devices draw on (``cuda:0`` and ``vllm:cuda:0``; a host's
+RAM under OpenVINO, ONNX Runtime and torch) is one budget: their managers share a
+:class:`SharedMemory`, so what either holds leaves less room for both (each still evicts only
+its own models, and keeps its own capacity as a cap inside the shared one).
 """
 
 from __future__ import annotations
@@ -232,16 +233,19 @@ class SharedMemory:
 
 
 def share_memory(managers: list[MemoryManager], physical_ids: Sequence[str]) -> list[MemoryManager]:
-    """Give managers whose devices have one physical id (``managers[i]`` has
-    ``physical_ids[i]``) one :class:`SharedMemory`, as large as the smallest of their
-    capacities; a manager alone on its device keeps its own. Returns ``managers``."""
+    """Give managers whose devices draw on one memory (``managers[i]`` has
+    ``physical_ids[i]``, the device's :attr:`~hetero.framework.devices.DeviceSpec.memory_id`)
+    one :class:`SharedMemory`, as large as the largest of their capacities: the physical
+    memory, where a smaller capacity is a budget set for one runtime's view of it (a policy
+    override), which that manager keeps as its own cap inside the shared one. A manager
+    alone on its memory keeps its own. Returns ``managers``."""
     groups: defaultdict[str, list[MemoryManager]] = defaultdict(list)
     for manager, physical in zip(managers, physical_ids, strict=True):
         groups[physical].append(manager)
     for members in groups.values():
         shared = None
         if len(members) > 1:
-            shared = SharedMemory(min(m.capacity for m in members), list(members))
+            shared = SharedMemory(max(m.capacity for m in members), list(members))
         for manager in members:
             manager.shared = shared
     return managers

@@ -11,6 +11,7 @@ import pytest
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
+from hetero.framework.scheduler.memory import MemoryManager, share_memory
 from hetero.framework.topology import Topology
 
 POLICY = """\
@@ -161,3 +162,14 @@ def test_a_slowdown_measured_on_shared_cores_moves_every_runtime_there() -> None
     # The control: on its own host the idle device keeps its solo figure, and takes work.
     apart = _calibrated(("box-a", "box-b"))
     assert _after_loaded_runs(apart) == {"npu:fast/CPU", "npu:slow/CPU"}
+
+
+def test_a_runtime_with_its_own_budget_keeps_it_inside_the_shared_host_memory() -> None:
+    managers = [MemoryManager("npu:onnxruntime/CPU", 100), MemoryManager("npu:torch/cpu", 1000)]
+    share_memory(managers, ["box/memory", "box/memory"])
+    ort, torch = managers
+    assert ort.shared is torch.shared is not None and ort.shared.capacity == 1000
+    torch.kv_reserved = 950
+    assert (ort.free, torch.free) == (50, 50)  # the host's memory is one
+    torch.kv_reserved = 0
+    assert (ort.free, torch.free) == (100, 1000)  # the override caps its runtime only
