@@ -65,7 +65,7 @@ def verdict(runs: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
         rows = [table[position] for table in runs.values()]
         mean[name] = {
             key: statistics.fmean(row[key] for row in rows)
-            for key in ("mean_ms", "p50_ms", "p99_ms", "throughput_rps")
+            for key in ("mean_ms", "p50_ms", "p99_ms", "throughput_rps", "shed")
         }
         mean[name]["slo_lowest"] = statistics.fmean(_lowest_slo(row) for row in rows)
         mean[name]["cpu_s"] = statistics.fmean(row["cpu_s"] for row in rows)
@@ -94,14 +94,15 @@ def markdown(name: str, seeds: list[int], judged: dict[str, Any]) -> str:
     lines = [
         f"**{name}** (seeds {seeds[0]}-{seeds[-1]}, means over seeds)",
         "",
-        head + " | req/s |",
-        "|---|---|---|---|" + "---|" * len(classes) + "---|",
+        head + " | req/s | shed |",
+        "|---|---|---|---|" + "---|" * len(classes) + "---|---|",
     ]
     for policy, figures in mean.items():
         slo = " | ".join(f"{100 * figures[f'slo_{c}']:.1f}" for c in classes)
         lines.append(
             f"| {SHORT.get(policy, policy)} | {figures['mean_ms']:,.1f} | {figures['p50_ms']:,.1f} "
-            f"| {figures['p99_ms']:,.1f} | {slo} | {figures['throughput_rps']:.1f} |"
+            f"| {figures['p99_ms']:,.1f} | {slo} | {figures['throughput_rps']:.1f} "
+            f"| {figures['shed']:,.0f} |"
         )
     checks = judged["checks"]
     marks = ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items())
@@ -114,7 +115,16 @@ def main() -> None:
     parser.add_argument("names", nargs="*", default=list(SCENARIOS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--render", action="store_true", help="print the tables from the saved results only"
+    )
     args = parser.parse_args()
+    if args.render:
+        for name in args.names:
+            saved = json.loads((RESULTS / f"{name}.json").read_text())
+            runs = {int(seed): rows for seed, rows in saved["runs"].items()}
+            print(markdown(name, sorted(runs), verdict(runs)))
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for name in args.names:  # one scenario at a time: its table as soon as it is done
