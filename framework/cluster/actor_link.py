@@ -1,0 +1,272 @@
+"""A Ray device's actor as the front door keeps it: started (or found, when another front
+door started it), called with a timeout that turns a dead actor, a dead node or a hung call into
+the device's failure, told by the heartbeat that this front door is there, and healed when it
+died or Ray restarted it: given back its stages and resident models before the device takes
+work again. :class:`~hetero.framework.cluster.remote_lanes.RayModelHost` builds the engine's
+model host on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from hetero.framework.cluster.lane_actor import LaneActor, StageMissingError
+from hetero.framework.cluster.lane_start import (
+    READY_WAIT_S,
+    DeviceCallTimeoutError,
+    actor_name,
+    lane_options,
+    restarted,
+    wait_gone,
+)
+from hetero.framework.cluster.stand_ins import CONTROL_GROUP, CONTROL_THREADS
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.errors import DeviceUnhealthyError
+from hetero.framework.graph import GraphFormat
+from hetero.framework.stage_plugin import StagePlugin
+
+if TYPE_CHECKING:
+    from hetero.framework.cluster.ray_cluster import RayBackend
+
+__all__ = ["CLOSE_WAIT_S", "ActorLink", "Warmth"]
+
+logger = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 10.0  # how long closing a device actor waits for its plugins to close
+DEFAULT_CALL_TIMEOUT_S = 60.0  # without a cluster config (cluster.call_timeout_s)
+DEFAULT_LOAD_TIMEOUT_S = 600.0  # (cluster.load_timeout_s)
+DEFAULT_HEARTBEAT_S = 2.0  # (cluster.heartbeat_s)
+DOOR_LEASE_BEATS = 5  # a front door not heard from for this many heartbeats counts as gone
+DOOR_LEASE_MIN_S = 10.0
+# what a device's actor is given to be warm: its stages' plugins, its resident models' loads
+Warmth = tuple[dict[str, StagePlugin], dict[str, tuple[GraphFormat, int]]]
+
+
+class ActorLink:
+    """One device's actor on its node, from the front door: made on first use, taking in each
+    stage when it first loads or runs there, and healed when it dies."""
+
+    def __init__(self, backend: RayBackend, device: DeviceSpec) -> None:
+        self.device = device
+        self._backend = backend
+        self._node_id = str(device.properties["node_id"])
+        self._local_id = str(device.properties["node_device"])
+        self._handle: Any = None
+        self._name = actor_name(device.id)
+        self._stages: set[str] = set()
+        self._resident: set[str] = set()
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()
+        self._released: collections.deque[str] = collections.deque()  # sent with the next call
+        # what a restarted actor is given back before the device takes work again
+        self._plugins: dict[str, StagePlugin] = {}
+        self._loads: dict[str, tuple[GraphFormat, int]] = {}
+        self._healing = False
+        self._incarnation = ""  # the actor process's, as its last touch answered
+        self._touched: Any = None  # the heartbeat's last touch, read at the next
+        self.restarts = 0  # times this device's actor died and came back warm
+        config = backend.config
+        self._call_timeout_s = config.call_timeout_s if config else DEFAULT_CALL_TIMEOUT_S
+        self._load_timeout_s = config.load_timeout_s if config else DEFAULT_LOAD_TIMEOUT_S
+        self._namespace = config.namespace if config else "hetero"
+        heartbeat_s = config.heartbeat_s if config else DEFAULT_HEARTBEAT_S
+        self._lease_s = max(DOOR_LEASE_MIN_S, DOOR_LEASE_BEATS * heartbeat_s)
+
+    @property
+    def actor(self) -> Any:
+        """The device's actor (None until a stage first loads or runs here)."""
+        with self._lock:
+            return self._handle
+
+    @property
+    def stages(self) -> set[str]:
+        """The stages taken in by the actor so far."""
+        with self._lock:
+            return set(self._stages)
+
+    def _actor(self, plugin: StagePlugin, stage: str) -> Any:
+        with self._lock:
+            if stage in self._stages:
+                return self._handle
+        with self._starting:  # one actor per device, each stage taken in once
+            with self._lock:
+                actor = self._handle
+            if actor is None:
+                actor = self._start()
+                with self._lock:
+                    self._handle = actor
+            if stage not in self.stages:
+                self._take_in(actor, plugin, stage)
+                with self._lock:
+                    self._stages.add(stage)
+                    self._plugins[stage] = plugin
+            return actor
+
+    def _start(self) -> Any:
+        """The device's actor: the one on the cluster if another front door started it (or a
+        restart left it), else a new one; this front door is counted in."""
+        ray = self._backend.ray()
+        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+        options = lane_options(self.device, strategy(node_id=self._node_id, soft=False))
+        lanes = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(LaneActor)
+        actor = lanes.options(**options).remote(self._local_id, self.device.id)
+        self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
+        self._incarnation = self._touch(actor)
+        if "num_gpus" in options:  # Ray picked the GPU; the actor serves the one it was given
+            gpus, visible = self._call(actor.gpu_ids.remote(), "its GPUs", READY_WAIT_S)
+            own = self._local_id.rpartition(":")[2]
+            if own.isdigit() and own not in gpus:
+                logger.warning(
+                    "%s: Ray gave its actor GPU %s (CUDA_VISIBLE_DEVICES=%s), not %s: it"
+                    " serves that one",
+                    self.device.id,
+                    ",".join(gpus),
+                    visible,
+                    own,
+                )
+        return actor
+
+    def _touch(self, actor: Any) -> str:
+        return str(self._call(actor.touch.remote(self._backend.door), "a touch", READY_WAIT_S))
+
+    def warmth(self) -> Warmth:
+        """What this device's actor holds: its stages' plugins and its resident models."""
+        with self._lock:
+            loads = {key: self._loads[key] for key in self._resident if key in self._loads}
+            return dict(self._plugins), loads
+
+    def _take_in(self, actor: Any, plugin: StagePlugin, stage: str) -> None:
+        ray = self._backend.ray()
+        try:
+            self._call(
+                actor.add_stage.remote(stage, plugin), "a stage's setup", self._load_timeout_s
+            )
+        except ray.exceptions.RayTaskError as err:  # the stage could not start on the node
+            raise RuntimeError(f"{self.device.id}: stage {stage!r} did not start: {err}") from err
+
+    def _call(self, ref: Any, what: str, timeout_s: float) -> Any:
+        """``ray.get`` within ``timeout_s`` (else DeviceCallTimeoutError, which the device's
+        breaker counts). An actor that died on a node that is still alive takes this device
+        out until it is restarted and warmed again (:meth:`_heal`); a dead node fails every
+        device of that node."""
+        ray = self._backend.ray()
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            raise DeviceCallTimeoutError(self.device.id, what, timeout_s) from err
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:  # the actor could not start on the node: not the node
+                raise RuntimeError(f"{self.device.id}: the lane did not start: {err}") from err
+            if self._backend.node_alive(self._node_id):
+                reason = f"its actor died ({type(err).__name__}); restarting it"
+                self._actor_lost(reason)
+                raise DeviceUnhealthyError(self.device.id, reason) from err
+            reason = f"node {self._node_id[:12]} left the cluster ({type(err).__name__})"
+            self._backend.node_lost(self._node_id, reason)
+            raise DeviceUnhealthyError(self.device.id, reason) from err
+        except ray.exceptions.RayTaskError as err:
+            if not isinstance(getattr(err, "cause", None), StageMissingError):
+                raise
+            # Ray restarted the actor and it ran a call before it was given its stages back
+            reason = "its actor restarted without its stages; warming it"
+            self._actor_lost(reason)
+            raise DeviceUnhealthyError(self.device.id, reason) from err
+        except ray.exceptions.NodeDiedError as err:
+            reason = f"node {self._node_id[:12]} left the cluster ({type(err).__name__})"
+            self._backend.node_lost(self._node_id, reason)
+            raise DeviceUnhealthyError(self.device.id, reason) from err
+
+    def _drain(self) -> list[str]:
+        """Kept batches the front door dropped since the last call (deque pops are atomic)."""
+        out = []
+        while self._released:
+            try:
+                out.append(self._released.popleft())
+            except IndexError:
+                break
+        return out
+
+    def flush(self) -> None:
+        """The heartbeat's call: this front door is still there (its lease on the shared
+        actor), and the kept batches it dropped are released now, without waiting for the
+        device's next run. The previous beat's answer says whether the actor died or was
+        restarted since (a new incarnation): then the device is healed at once, not when a
+        run next fails there."""
+        actor = self.actor
+        if actor is None or self._backend.health(self.device.id) is not None:
+            return
+        ray = self._backend.ray()
+        last, self._touched = self._touched, None
+        if last is not None and ray.wait([last], timeout=0)[0]:
+            try:
+                seen = self._call(last, "a touch", 0.0)
+            except Exception as err:  # _call took the device out if the actor died
+                logger.debug("%s: its heartbeat: %s", self.device.id, err)
+                return
+            if seen != self._incarnation:
+                self._actor_lost("its actor restarted (heartbeat); warming it")
+                return
+        touch = actor.touch.options(concurrency_group=CONTROL_GROUP)
+        self._touched = touch.remote(self._backend.door, *self._drain())
+
+    def _actor_lost(self, reason: str) -> None:
+        """The device's actor died on a node that is alive: the device leaves placement, and
+        one thread brings the actor back (:meth:`_heal`)."""
+        self._backend.mark_unhealthy(self.device.id, reason)
+        with self._lock:
+            if self._healing or self._handle is None:
+                return
+            self._healing = True
+        name = f"hetero-heal:{self.device.id}"
+        threading.Thread(target=self._heal, name=name, daemon=True).start()
+
+    def _heal(self) -> None:
+        """Bring the device back warm: wait for Ray's restart of its actor (or start a fresh
+        one once Ray gives up on it), give it back every stage it held and load every model
+        that was resident, then readmit the device (the engine takes it back into placement
+        after its next batch). A device whose actor cannot come back stays out."""
+        ray = self._backend.ray()
+        began, before = time.monotonic(), self._incarnation
+        try:
+            actor = self.actor
+            if actor is None:  # closed meanwhile
+                return
+            if not restarted(ray, actor, self.device.id):  # Ray gave up on it: a fresh actor
+                if not self._backend.node_alive(self._node_id):
+                    raise RuntimeError(f"node {self._node_id[:12]} is gone")
+                ray.kill(actor)
+                wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)
+                actor = self._start()  # or the one another front door started meanwhile
+            with self._lock:
+                if self._handle is None:  # closed meanwhile (and left the actor)
+                    return
+                self._handle = actor
+            self._incarnation, self._touched = self._touch(actor), None
+            plugins, loads = self.warmth()
+            for stage, plugin in plugins.items():
+                ray.get(actor.add_stage.remote(stage, plugin), timeout=self._load_timeout_s)
+            for key, (graph_format, threads) in loads.items():
+                ray.get(actor.load.remote(key, graph_format, threads), timeout=self._load_timeout_s)
+        except Exception as err:
+            logger.warning(
+                "%s: its actor did not come back (%s); it stays out", self.device.id, err
+            )
+            return
+        finally:
+            with self._lock:
+                self._healing = False
+        if self._incarnation != before:  # not a call that failed on a restart healed already
+            with self._lock:
+                self.restarts += 1
+        self._backend.mark_healthy(self.device.id)
+        logger.warning(
+            "%s: its actor is back, %d stages and %d models in %.1f s; readmitted",
+            self.device.id,
+            len(plugins),
+            len(loads),
+            time.monotonic() - began,
+        )
