@@ -133,6 +133,12 @@ def run_bench_serve(
     return 0
 
 
+def _route_cell(figures: dict[str, Any] | None) -> str:
+    if not figures or not figures["requests"]:
+        return "-"
+    return f"{figures['req_s']:.1f}: {_ms(figures['p50_ms'])} / {_ms(figures['p99_ms'])}"
+
+
 def print_placement_report(console: Console, result: dict[str, Any]) -> None:
     """``--placement``: every stack's points, start-up and memory, where each stage ran and
     why warm-up left a runtime idle, then the ratios and goals."""
@@ -158,11 +164,7 @@ def print_placement_report(console: Console, result: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "stack" else "right")
     for name, stack in stacks.items():
         for conc, p in stack.get("points", {}).items():
-            cells = [
-                f"{p['routes'][r]['req_s']:.1f}: {_ms(p['routes'][r]['p50_ms'])} / "
-                f"{_ms(p['routes'][r]['p99_ms'])}"
-                for r in routes
-            ]
+            cells = [_route_cell(p["routes"].get(r)) for r in routes]
             rounds = " ".join(f"{x:.0f}" for x in p.get("rounds_req_s", []))
             table.add_row(
                 name,
