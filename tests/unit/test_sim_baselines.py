@@ -3,8 +3,12 @@ runtime pinned) and the report's per-class figures and spread over seeds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from hetero.framework.cli import main
 from hetero.framework.fleet import resolve_fleet, simulated_devices
 from hetero.framework.policy import Policy, load_policy_text
 from hetero.framework.registry import Registry
@@ -130,3 +134,20 @@ def test_reports_give_per_class_figures_and_the_spread_over_seeds(tmp_path: Path
         assert figures["classes"]["standard"]["slo_attainment"]["min"] == 1.0
     # Every seed has a best mean, so the wins over the policies add up to at least the seeds.
     assert sum(s["best_on_seeds"]["mean_ms"] for s in summary) >= 2
+
+
+def test_the_cli_sweeps_seeds_and_refuses_a_bad_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(WORKLOAD)
+    args = ["simulate", str(policy), "--workload", str(workload)]
+    assert main([*args, "--policies", "hetero,power_of_two", "--seeds", "2", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload["seeds"]) == {"3", "4"}
+    assert [s["policy"] for s in payload["spread"]] == ["hetero", "power_of_two"]
+    assert "classes" in payload["results"][0] and payload["results"][0]["cpu_s"] > 0
+    assert main([*args, "--seeds", "0"]) == 2
+    assert "--seeds: must be at least 1" in capsys.readouterr().err
