@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["WarmUp"]
 
 logger = logging.getLogger(__name__)
-PROBE_RUNS = 2
+PROBE_RUNS = 3
 
 
 class WarmUp:
@@ -119,24 +119,38 @@ class WarmUp:
         report: Progress,
     ) -> list[str]:
         """Time ``probe`` on every candidate without a kept figure; the candidates that could
-        run it (the others are left out of placement, with why)."""
-        key = f"{stage}/full"
+        run it (the others are left out of placement, with why).
+
+        Each candidate is loaded and runs the probe once untimed (lazy initialisation); then
+        the timed runs go round the candidates in turn, and each keeps its best: the runtimes
+        are measured side by side, so a burst of other work on the machine falls on all of
+        them alike instead of on whichever was being timed."""
         timings = self.engine.status[stage].timings
         errors: dict[str, Exception] = {}
-        for device_id in candidates:
-            if device_id in kept:
-                continue
-            report(stage, f"timing on {device_id}")
+        todo = [d for d in candidates if d not in kept]
+        for device_id in todo:
+            report(stage, f"loading on {device_id}")
             try:
-                timings[device_id] = seconds = self._time(stage, device_id, probe)
+                self._run_once(stage, device_id, probe)
             except Exception as err:
-                errors[device_id] = err
-                timings[device_id] = f"unavailable: {describe_failure(err)}"
-                logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
-                self.engine.models[device_id].evict(key)
-                self.engine._unfit[(stage, device_id)] = str(timings[device_id])
-                continue
-            self._keep(stage, device_id, probe, seconds)
+                self._unavailable(stage, device_id, err, errors)
+        samples: dict[str, list[float]] = {}
+        for _ in range(PROBE_RUNS):
+            for device_id in todo:
+                if device_id in errors:
+                    continue
+                report(stage, f"timing on {device_id}")
+                try:
+                    samples.setdefault(device_id, []).append(
+                        self._run_once(stage, device_id, probe)
+                    )
+                except Exception as err:
+                    self._unavailable(stage, device_id, err, errors)
+        for device_id, runs in samples.items():
+            if device_id not in errors:
+                timings[device_id] = seconds = min(runs)
+                self._record(stage, device_id, probe, seconds)
+                self._keep(stage, device_id, probe, seconds)
         if errors:  # placement leaves out the devices that could not run it
             self.set_hints(stage)
         measured = [d for d in candidates if d not in errors]
@@ -255,25 +269,42 @@ class WarmUp:
     def _time(self, stage: str, device_id: str, probe: Any) -> float:
         """Load ``stage`` on ``device_id``, run the probe (the first run pays for lazy
         initialisation), and feed the best of the timed runs to the cost model."""
+        self._run_once(stage, device_id, probe)
+        seconds = min(self._run_once(stage, device_id, probe) for _ in range(PROBE_RUNS))
+        self._record(stage, device_id, probe, seconds)
+        return seconds
+
+    def _run_once(self, stage: str, device_id: str, probe: Any) -> float:
+        """One run of ``probe`` on ``device_id`` (loading the stage there first if needed):
+        its run time, timed where it ran, as the lanes time batches."""
         plugin = self.engine.plugins[stage]
-        key = f"{stage}/full"
         graph_format = self.engine.format_for(stage, device_id)
         assert graph_format is not None
         host, threads = self.engine.models[device_id], self.engine._threads.get(stage, 0)
-        samples = []
-        for run in range(PROBE_RUNS + 1):
-            ran = host.run_batch(plugin, key, graph_format, threads, [probe])
-            (result,) = ran.results
-            if isinstance(result, BaseException):
-                raise result
-            if run:
-                samples.append(ran.run_s)  # timed where it ran, as the lanes time batches
-        seconds = min(samples)
+        ran = host.run_batch(plugin, f"{stage}/full", graph_format, threads, [probe])
+        (result,) = ran.results
+        if isinstance(result, BaseException):
+            raise result
+        return ran.run_s
+
+    def _record(self, stage: str, device_id: str, probe: Any, seconds: float) -> None:
+        """Give a probe's best time to the cost model and to admission's pace."""
+        plugin = self.engine.plugins[stage]
         units = self.engine.admitter.units(self.engine.admitter.profile(stage, probe))
         with self.engine._lock:
             self.engine.scheduler.calibrate(stage, device_id, seconds, plugin.items(probe))
             self.engine.admission.pace(stage).seed(seconds, plugin.items(probe), units)
-        return seconds
+
+    def _unavailable(
+        self, stage: str, device_id: str, err: Exception, errors: dict[str, Exception]
+    ) -> None:
+        """``device_id`` could not run ``stage``'s probe: placement leaves it out, with why."""
+        errors[device_id] = err
+        timings = self.engine.status[stage].timings
+        timings[device_id] = f"unavailable: {describe_failure(err)}"
+        logger.warning("stage %s: %s unavailable: %s", stage, device_id, err)
+        self.engine.models[device_id].evict(f"{stage}/full")
+        self.engine._unfit[(stage, device_id)] = str(timings[device_id])
 
     def _preload(self, stage: str, device_id: str) -> None:
         """Make ``stage`` resident on ``device_id`` if its memory allows (a warm start never

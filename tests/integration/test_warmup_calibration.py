@@ -17,6 +17,7 @@ from hetero.backends.npu import NpuBackend
 from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
 from hetero.framework.engine.calibration import CalibrationStore
+from hetero.framework.engine.warmup import PROBE_RUNS
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
@@ -84,6 +85,7 @@ class CountingBackend(NpuBackend):
 
     loads: ClassVar[dict[str, int]] = {}
     runs: ClassVar[dict[str, int]] = {}
+    order: ClassVar[list[str]] = []
     lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -97,6 +99,7 @@ class CountingBackend(NpuBackend):
     def _run(self, model: LoadedModel, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
         with self.lock:
             self.runs[model.device_id] = self.runs.get(model.device_id, 0) + 1
+            self.order.append(model.device_id)
         return super()._run(model, inputs)
 
 
@@ -104,7 +107,7 @@ def _start(store: CalibrationStore) -> tuple[Engine, dict[str, int], dict[str, i
     """Warm an engine up with ``store``; its status, and the loads and runs per device."""
     registry = Registry(use_entry_points=False)
     registry.register_backend("npu", lambda: Detection.found("npu", CountingBackend))
-    CountingBackend.loads, CountingBackend.runs = {}, {}
+    CountingBackend.loads, CountingBackend.runs, CountingBackend.order = {}, {}, []
     policy = load_policy_text(POLICY, "calibrated.yaml")
     engine = Engine(policy, registry, plugins={"encode": ProbedStage()})
     engine.warmer.calibrations = store
@@ -119,6 +122,9 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
     try:
         # No figures kept: both runtimes load the stage and run the probe (the control).
         assert loads.keys() == runs.keys() == {ORT, OPENVINO}
+        # One untimed run on each (lazy initialisation), then the timed runs take turns.
+        order = CountingBackend.order
+        assert set(order[:2]) == {ORT, OPENVINO} and order[2:] == order[:2] * PROBE_RUNS
         timings = first.status["encode"].timings
         best = first.status["encode"].idle.keys() ^ {ORT, OPENVINO}
         (chosen,) = best
