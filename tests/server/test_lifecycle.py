@@ -97,10 +97,9 @@ def test_closing_while_models_load_releases_every_model_loaded() -> None:
     assert registry.backend("npu").loaded_models() == ()
 
 
-def _llm_policy() -> Policy:
-    return load_policy_text(
-        ONE_STAGE.replace("vision_encode:", "llm_generate:").replace("image", "text"), "llm.yaml"
-    )
+def _llm_policy(devices: str = "") -> Policy:
+    text = ONE_STAGE.replace("vision_encode:", "llm_generate:").replace("image", "text")
+    return load_policy_text(text + devices, "llm.yaml")
 
 
 def test_close_stops_a_running_generation_before_the_model_is_released() -> None:
@@ -177,11 +176,13 @@ def test_a_burst_of_generations_is_admitted_while_it_can_meet_its_deadline() -> 
             release.wait(60)  # nothing finishes while the burst arrives
             return {"text": "", "completion_tokens": 0, "finish_reason": "stop", "stopped": False}
 
-    engine = Engine(_llm_policy(), Registry(), plugins={"llm_generate": HeldLlm()}, probe=False)
+    one_device = 'devices: {allow: ["npu:onnxruntime/CPUExecutionProvider"]}\n'
+    policy = _llm_policy(one_device)  # one device: the queue drains one generation at a time
+    engine = Engine(policy, Registry(), plugins={"llm_generate": HeldLlm()}, probe=False)
     engine.start()
     try:
         engine.warm_up()
-        pace = engine.status["llm_generate"].pace("full")
+        pace = engine.admission.pace("llm_generate")
         pace.item_s, pace.unit_s = 5.0, 25.0  # 5 s a generation; 100 tokens (0.1 unit) 2.5 s
         admitted, refused = [], []
         for _ in range(16):
