@@ -53,9 +53,7 @@ class RouteRequests:
             raise UnknownRouteError(route, tuple(sorted(spec.routes)))
         pipeline = self.engine.policy.pipeline_for_route(route)
         payload = {name: np.asarray(value) for name, value in payload.items()}
-        return self._start_route(
-            route, pipeline, payload, qos_class, profile, principal, None, None
-        )
+        return self._start_route(route, pipeline, payload, qos_class, profile, principal)
 
     def _start_route(
         self,
@@ -65,26 +63,22 @@ class RouteRequests:
         qos_class: str | None,
         profile: RequestProfile | None,
         principal: Any,
-        variant: str | None,
-        caller_id: str | None,
     ) -> Future[EngineResult]:
         spec = self.engine.policy.spec
         qos = qos_class or spec.qos.default_class
         if qos not in spec.qos.classes:
             classes = ", ".join(sorted(spec.qos.classes))
             raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
-        deadline_s = spec.sla_tiers[spec.qos.classes[qos].sla_tier].deadline_ms / 1000.0
-        request_id = new_request_id(caller_id)
+        deadline_s = self.engine.admission.deadline_s(qos)
+        request_id = new_request_id(None)
         self.engine.runner.authorize(pipeline, route, principal, request_id)
         if self.engine._stopping:
             raise ShedError("engine is shutting down", status=503)
         first = pipeline.steps[pipeline.order[0]].stage
-        if variant is None:
-            plugin = self.engine.plugins.get(first)
-            items = plugin.items(payload) if plugin is not None else 1
-            variant, _ = self.engine.admitter.admit(
-                first, qos, profile, items=items, principal=principal
-            )
+        plugin = self.engine.plugins.get(first)
+        items = plugin.items(payload) if plugin is not None else 1
+        admitter = self.engine.admitter
+        variant, _ = admitter.admit(first, qos, profile, items=items, principal=principal)
         now = self.engine.clock.now()
         future: Future[EngineResult] = Future()
         state = RequestState(

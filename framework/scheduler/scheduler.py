@@ -428,15 +428,6 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if not self._blocked_stages:
             self._retry_blocked_at = np.inf
 
-    def queue_delay_s(self) -> float:
-        """The work already promised to devices, per compute resource on average: admission's
-        pressure."""
-        if self._grouped:  # per compute resource: runtimes of one CPU are one server
-            live = np.unique(self._compute_group[self.healthy]).size
-        else:
-            live = int(np.count_nonzero(self.healthy))
-        return float(np.add.reduce(self.backlog) / live) if live else float("inf")
-
     def cancel(self, task: StageTask) -> None:
         """Drop a queued task (lazily)."""
         self.queues[task.stage].cancel(task)

@@ -3,7 +3,7 @@
 OpenVINO and the worker's ONNX Runtime devices), serving waves of 4 requests until it is
 killed. Every 0.25 s it prints one JSON line: how many waves were answered, the devices that
 answered them, and whether its cluster's head answers (``RayBackend.unreachable``). Not a
-test: ``test_front_doors.py`` and ``test_head_loss.py`` start it."""
+test: ``test_membership.py`` and ``test_head_loss.py`` start it."""
 
 from __future__ import annotations
 

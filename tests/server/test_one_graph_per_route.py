@@ -6,6 +6,7 @@ are queued together, before either has run."""
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,7 +61,8 @@ def _one_graph(record: dict[str, Any], send: Callable[[], httpx.Response]) -> ht
 
 def test_the_image_routes_are_one_graph_each(counted: tuple[httpx.Client, dict[str, Any]]) -> None:
     http, record = counted
-    page = base64.b64encode(text_page_png(["ONE GRAPH PER ROUTE"])).decode()  # not cached
+    fresh = uuid.uuid4().hex[:8].upper()  # content no earlier test left in the feature cache
+    page = base64.b64encode(text_page_png(["ONE GRAPH", fresh])).decode()
     _one_graph(
         record,
         lambda: http.post(
@@ -72,7 +74,7 @@ def test_the_image_routes_are_one_graph_each(counted: tuple[httpx.Client, dict[s
     first_done = next(i for i, event in enumerate(events) if event[0] == "done")
     assert {("queued", "vision_encode"), ("queued", "ocr")} <= set(events[:first_done])
     assert events.index(("queued", "llm_generate")) > first_done  # once both were done
-    other = base64.b64encode(text_page_png(["DESCRIBE ME"])).decode()
+    other = base64.b64encode(text_page_png(["DESCRIBE ME", fresh])).decode()
     _one_graph(
         record,
         lambda: http.post("/v1/image/describe", json={"image": other, "max_tokens": 4}),

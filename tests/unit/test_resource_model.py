@@ -12,6 +12,7 @@ from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
 from hetero.framework.scheduler.memory import MemoryManager, share_memory
+from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.topology import Topology
 
 POLICY = """\
@@ -119,15 +120,13 @@ def test_runtimes_of_one_host_share_one_memory_budget() -> None:
     assert [m.shared for m in apart.memory] == [None, None]
 
 
-def test_admission_pressure_is_per_compute_resource() -> None:
-    scheduler = _scheduler(("box", "box"))
-    (one, _) = _dispatch_all(scheduler, 2)
-    # Both runtimes are one server: the backlog is not halved by counting two devices.
-    assert scheduler.queue_delay_s() == float(scheduler.backlog.sum())
+def test_admission_counts_a_compute_resource_once() -> None:
+    # Both runtimes over one host's cores are one server: a queue drains one run at a time.
+    one = _scheduler(("box", "box"))
+    assert RequestAdmission(one.policy, one).run_slots("embed") == 1
+    # The control: the same devices on two hosts drain two at once.
     apart = _scheduler(("box-a", "box-b"))
-    _dispatch_all(apart, 2)
-    assert apart.queue_delay_s() == float(apart.backlog.sum()) / 2
-    assert one.device_id == "npu:fast/CPU"
+    assert RequestAdmission(apart.policy, apart).run_slots("embed") == 2
 
 
 def _calibrated(hosts: tuple[str, str]) -> Scheduler:
