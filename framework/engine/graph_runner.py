@@ -111,11 +111,7 @@ class GraphRunner:
             if node.stage not in plugins:
                 raise UnknownRouteError(node.stage, tuple(sorted(plugins)))
         pipeline = self._pipeline_of(graph)
-        spec = engine.policy.spec
-        qos = graph.qos_class or spec.qos.default_class
-        if qos not in spec.qos.classes:
-            classes = ", ".join(sorted(spec.qos.classes))
-            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
+        qos = engine.admission.qos_class(graph.qos_class)
         deadline_s = engine.admission.deadline_s(qos)
         request_id = new_request_id(graph.request_id)
         principal = graph.principal

@@ -64,11 +64,7 @@ class RouteRequests:
         profile: RequestProfile | None,
         principal: Any,
     ) -> Future[EngineResult]:
-        spec = self.engine.policy.spec
-        qos = qos_class or spec.qos.default_class
-        if qos not in spec.qos.classes:
-            classes = ", ".join(sorted(spec.qos.classes))
-            raise KeyError(f"unknown QoS class {qos!r} (classes: {classes})")
+        qos = self.engine.admission.qos_class(qos_class)
         deadline_s = self.engine.admission.deadline_s(qos)
         request_id = new_request_id(None)
         self.engine.runner.authorize(pipeline, route, principal, request_id)

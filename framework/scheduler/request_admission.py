@@ -26,7 +26,6 @@ from hetero.framework.request_profile import RequestProfile
 from hetero.framework.scheduler.admission import AdmissionResult, StageAdmission
 from hetero.framework.scheduler.pacing import Pace, Shares
 from hetero.framework.scheduler.scheduler import Scheduler
-from hetero.framework.scheduler.tables import compute_groups
 from hetero.framework.scheduler.tasks import StageTask
 
 __all__ = ["FairShareError", "RequestAdmission"]
@@ -48,7 +47,6 @@ class RequestAdmission:
         self.shares = Shares()
         self._paces: dict[tuple[str, str], Pace] = {}
         self._running: dict[str, list[float]] = {}  # stage -> [tasks, items, units]
-        self._groups = compute_groups(scheduler.devices)
         self._slots: dict[tuple[str, bytes, bytes], int] = {}  # run_slots, by fleet state
 
     @property
@@ -59,6 +57,18 @@ class RequestAdmission:
     @policy.setter
     def policy(self, policy: Policy) -> None:
         self.stages.policy = policy
+
+    def qos_class(self, qos_class: str | None) -> str:
+        """The QoS class a request runs in: ``qos_class``, or the policy's default.
+
+        Raises:
+            KeyError: the policy has no such class.
+        """
+        classes = self.policy.spec.qos.classes
+        qos = qos_class or self.policy.spec.qos.default_class
+        if qos not in classes:
+            raise KeyError(f"unknown QoS class {qos!r} (classes: {', '.join(sorted(classes))})")
+        return qos
 
     def deadline_s(self, qos_class: str) -> float:
         """The deadline of a QoS class, in seconds."""
@@ -188,9 +198,6 @@ class RequestAdmission:
         one where its runtime batches continuously), a compute resource counted once (the
         runtimes over one host's cores take turns on them)."""
         scheduler = self.scheduler
-        if len(self._groups) != len(scheduler.devices):  # devices joined
-            self._groups = compute_groups(scheduler.devices)
-            self._slots.clear()
         tables = scheduler.tables[f"{stage}/full"]
         key = (stage, scheduler.healthy.tobytes(), tables.slots.tobytes())
         known = self._slots.get(key)
@@ -201,7 +208,7 @@ class RequestAdmission:
         if len(slots) <= 1:
             count = int(slots[0]) if len(slots) else 1
         else:
-            groups = self._groups[runnable]
+            groups = scheduler._compute_group[runnable]  # the scheduler's, kept as devices join
             most = np.zeros(int(groups.max()) + 1, dtype=np.int64)
             np.maximum.at(most, groups, slots)
             count = max(1, int(most.sum()))
