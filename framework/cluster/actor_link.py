@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from hetero.framework.cluster.device_groups import group_bundles, placement_name
 from hetero.framework.cluster.lane_actor import LaneActor, StageMissingError
 from hetero.framework.cluster.lane_start import (
     READY_WAIT_S,
@@ -42,6 +43,7 @@ DEFAULT_LOAD_TIMEOUT_S = 600.0  # (cluster.load_timeout_s)
 DEFAULT_HEARTBEAT_S = 2.0  # (cluster.heartbeat_s)
 DOOR_LEASE_BEATS = 5  # a front door not heard from for this many heartbeats counts as gone
 DOOR_LEASE_MIN_S = 10.0
+HEAL_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # waits between tries to heal; the last repeats
 # what a device's actor is given to be warm: its stages' plugins, its resident models' loads
 Warmth = tuple[dict[str, StagePlugin], dict[str, tuple[GraphFormat, int]]]
 
@@ -66,6 +68,7 @@ class ActorLink:
         self._plugins: dict[str, StagePlugin] = {}
         self._loads: dict[str, tuple[GraphFormat, int]] = {}
         self._healing = False
+        self._closed = threading.Event()  # set when the host closes: a heal stops trying
         self._incarnation = ""  # the actor process's, as its last touch answered
         self._touched: Any = None  # the heartbeat's last touch, read at the next
         self.restarts = 0  # times this device's actor died and came back warm
@@ -110,10 +113,25 @@ class ActorLink:
         """The device's actor: the one on the cluster if another front door started it (or a
         restart left it), else a new one; this front door is counted in."""
         ray = self._backend.ray()
-        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-        options = lane_options(self.device, strategy(node_id=self._node_id, soft=False))
+        strategies = ray.util.scheduling_strategies
+        members = tuple(str(m) for m in self.device.properties.get("members") or ())
+        if members:  # a device group: its actor runs in the group's placement group
+            strategy = strategies.PlacementGroupSchedulingStrategy(
+                self._placement(),
+                placement_group_bundle_index=0,
+                placement_group_capture_child_tasks=True,
+            )
+        else:
+            strategy = strategies.NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+        options = lane_options(self.device, strategy)
         lanes = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_THREADS})(LaneActor)
-        actor = lanes.options(**options).remote(self._local_id, self.device.id)
+        actor = lanes.options(**options).remote(
+            self._local_id,
+            self.device.id,
+            lease_s=self._lease_s,
+            members=members,
+            shares=tuple(self.device.properties.get("gpu_shares") or ()),
+        )
         self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
         self._incarnation = self._touch(actor)
         if "num_gpus" in options:  # Ray picked the GPU; the actor serves the one it was given
@@ -129,6 +147,32 @@ class ActorLink:
                     own,
                 )
         return actor
+
+    def _placement(self) -> Any:
+        """A device group's placement group: the one on the cluster (another front door made
+        it, or this one before its actor died), else a new one, ready on the group's node."""
+        ray = self._backend.ray()
+        name = placement_name(self.device.id)
+        try:
+            return ray.util.get_placement_group(name)
+        except ValueError:  # none yet
+            pass
+        placement = ray.util.placement_group(
+            group_bundles(self.device),
+            strategy="STRICT_PACK",
+            name=name,
+            lifetime="detached",
+            _soft_target_node_id=self._node_id,
+        )
+        try:
+            self._call(placement.ready(), "its placement group", READY_WAIT_S)
+            nodes = set(ray.util.placement_group_table(placement)["bundles_to_node_id"].values())
+            if nodes != {self._node_id}:
+                raise RuntimeError(f"{self.device.id}: its placement group went to {nodes}")
+        except BaseException:  # not left pending: it would take the GPUs once they are free
+            ray.util.remove_placement_group(placement)
+            raise
+        return placement
 
     def _touch(self, actor: Any) -> str:
         return str(self._call(actor.touch.remote(self._backend.door), "a touch", READY_WAIT_S))
@@ -225,48 +269,81 @@ class ActorLink:
         threading.Thread(target=self._heal, name=name, daemon=True).start()
 
     def _heal(self) -> None:
-        """Bring the device back warm: wait for Ray's restart of its actor (or start a fresh
-        one once Ray gives up on it), give it back every stage it held and load every model
-        that was resident, then readmit the device (the engine takes it back into placement
-        after its next batch). A device whose actor cannot come back stays out."""
-        ray = self._backend.ray()
-        began, before = time.monotonic(), self._incarnation
+        """Bring the device back warm (:meth:`_heal_once`), trying again after
+        :data:`HEAL_RETRY_S` (each wait longer, the last repeated) while it fails, until it
+        comes back, the device is closed, or its node is gone (the heartbeat then names the
+        node "left"); only then is the device readmitted."""
+        began, tries, before = time.monotonic(), 0, self._incarnation
         try:
-            actor = self.actor
-            if actor is None:  # closed meanwhile
-                return
-            if not restarted(ray, actor, self.device.id):  # Ray gave up on it: a fresh actor
-                if not self._backend.node_alive(self._node_id):
-                    raise RuntimeError(f"node {self._node_id[:12]} is gone")
-                ray.kill(actor)
-                wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)
-                actor = self._start()  # or the one another front door started meanwhile
-            with self._lock:
-                if self._handle is None:  # closed meanwhile (and left the actor)
+            while True:
+                try:
+                    healed = self._heal_once(before)
+                except Exception as err:
+                    wait_s = HEAL_RETRY_S[min(tries, len(HEAL_RETRY_S) - 1)]
+                    tries += 1
+                    if not self._backend.node_alive(self._node_id):
+                        logger.warning(
+                            "%s: its actor did not come back (%s) and its node is gone; it"
+                            " stays out",
+                            self.device.id,
+                            err,
+                        )
+                        return
+                    logger.warning(
+                        "%s: its actor did not come back (%s); it stays out, tried again in"
+                        " %g s (try %d)",
+                        self.device.id,
+                        err,
+                        wait_s,
+                        tries,
+                    )
+                    if self._closed.wait(wait_s):  # closed meanwhile: nothing to heal
+                        return
+                    continue
+                if healed is None:  # closed meanwhile
                     return
-                self._handle = actor
-            self._incarnation, self._touched = self._touch(actor), None
-            plugins, loads = self.warmth()
-            for stage, plugin in plugins.items():
-                ray.get(actor.add_stage.remote(stage, plugin), timeout=self._load_timeout_s)
-            for key, (graph_format, threads) in loads.items():
-                ray.get(actor.load.remote(key, graph_format, threads), timeout=self._load_timeout_s)
-        except Exception as err:
-            logger.warning(
-                "%s: its actor did not come back (%s); it stays out", self.device.id, err
-            )
-            return
+                break
         finally:
             with self._lock:
                 self._healing = False
+        plugins, loads = healed
+        self._backend.mark_healthy(self.device.id)
+        logger.warning(
+            "%s: its actor is back, %d stages and %d models in %.1f s (%d failed tries);"
+            " readmitted",
+            self.device.id,
+            plugins,
+            loads,
+            time.monotonic() - began,
+            tries,
+        )
+
+    def _heal_once(self, before: str) -> tuple[int, int] | None:
+        """One try at bringing the device back: wait for Ray's restart of its actor (or start
+        a fresh one once Ray gives up on it), give it back every stage it held and load every
+        model that was resident. Its counts of stages and models, or None: closed meanwhile
+        (``before``: the actor's incarnation when it was lost)."""
+        ray = self._backend.ray()
+        actor = self.actor
+        if actor is None:  # closed meanwhile
+            return None
+        if not restarted(ray, actor, self.device.id):  # Ray gave up on it: a fresh actor
+            if not self._backend.node_alive(self._node_id):
+                raise RuntimeError(f"node {self._node_id[:12]} is gone")
+            ray.kill(actor)
+            wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)
+            actor = self._start()  # or the one another front door started meanwhile
+        with self._lock:
+            if self._handle is None:  # closed meanwhile (and left the actor)
+                return None
+            self._handle = actor
+        self._incarnation, self._touched = self._touch(actor), None
+        plugins, loads = self.warmth()
+        for stage, plugin in plugins.items():
+            ray.get(actor.add_stage.remote(stage, plugin), timeout=self._load_timeout_s)
+        for key, (graph_format, threads) in loads.items():
+            ray.get(actor.load.remote(key, graph_format, threads), timeout=self._load_timeout_s)
         if self._incarnation != before:  # not a call that failed on a restart healed already
             with self._lock:
                 self.restarts += 1
-        self._backend.mark_healthy(self.device.id)
-        logger.warning(
-            "%s: its actor is back, %d stages and %d models in %.1f s; readmitted",
-            self.device.id,
-            len(plugins),
-            len(loads),
-            time.monotonic() - began,
-        )
+        return len(plugins), len(loads)

@@ -22,8 +22,10 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from hetero.framework.cluster.device_groups import adopt, bundle_gpus, open_group, visible_env
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
 from hetero.framework.cluster.lane_start import visible_device
+from hetero.framework.cluster.reap import start_reaper
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
@@ -50,13 +52,26 @@ class LaneActor:
     """The lanes of one device of this node: every stage's models there, and their runs."""
 
     def __init__(
-        self, device_id: str, fleet_id: str | None = None, registry: Registry | None = None
+        self,
+        device_id: str,
+        fleet_id: str | None = None,
+        registry: Registry | None = None,
+        lease_s: float = 0.0,
+        members: Sequence[str] = (),
+        shares: Sequence[float] = (),
     ) -> None:
         registry = registry or default_registry()
         backend = registry.backend(device_id.split(":", 1)[0])
         self.fleet_id = fleet_id or device_id
-        self.gpus = _assigned_gpus()  # Ray's GPU ids for this actor (num_gpus), or none
-        self.models = DeviceModels(backend, backend.device(visible_device(device_id, self.gpus)))
+        if members:  # a device group: its placement group's GPUs, all of them
+            self.gpus = _group_gpus(shares)
+            visible_env(self.gpus)
+            opened, template = open_group(device_id, members, self.gpus)
+            spec = adopt(backend, backend.device(template), opened, len(members))
+        else:
+            self.gpus = _assigned_gpus()  # Ray's GPU ids for this actor (num_gpus), or none
+            spec = backend.device(visible_device(device_id, self.gpus))
+        self.models = DeviceModels(backend, spec)
         self.plugins: dict[str, StagePlugin] = {}
         self.kept = KeptStore()
         self._streams: dict[str, dict[int, threading.Event]] = {}  # stops, by run id and item
@@ -68,7 +83,11 @@ class LaneActor:
         # the front doors sharing this actor, by id: when each last said it is there
         self._doors: dict[str, float] = {}
         self._doors_lock = threading.Lock()
+        self._seen = time.monotonic()  # a front door's last touch (its start until one comes)
+        self.lease_s = lease_s
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new process: a new one
+        if lease_s > 0:  # in Ray: it ends itself once no front door touches it (reap.py)
+            start_reaper(self)
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -77,6 +96,13 @@ class LaneActor:
     def gpu_ids(self) -> tuple[list[str], str | None]:
         """The GPUs Ray assigned this actor and its ``CUDA_VISIBLE_DEVICES``."""
         return self.gpus, os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def placement_id(self) -> str | None:
+        """The placement group this actor runs in (a device group's), or None."""
+        import ray
+
+        placement = ray.util.get_current_placement_group()
+        return None if placement is None else str(placement.id.hex())
 
     def pid(self) -> int:
         """This actor's process id (a restarted actor is a new process)."""
@@ -215,7 +241,7 @@ class LaneActor:
         incarnation: a front door that sees it change knows Ray restarted the actor (without
         the stages and models it had)."""
         with self._doors_lock:
-            self._doors[door] = time.monotonic()
+            self._doors[door] = self._seen = time.monotonic()
         self.release(*released)
         return self.incarnation
 
@@ -227,6 +253,12 @@ class LaneActor:
         with self._doors_lock:
             self._doors.pop(door, None)
             return sum(1 for seen in self._doors.values() if now - seen <= lease_s)
+
+    def lapsed(self, now: float) -> bool:
+        """Whether no front door touched this actor for longer than its lease (each front
+        door's heartbeat touches it; its last front door died without leaving)."""
+        with self._doors_lock:
+            return self.lease_s > 0 and now - self._seen > self.lease_s
 
     def release(self, *batch_ids: str) -> None:
         """Forget kept batches (the front door dropped their last stand-ins)."""
@@ -289,6 +321,17 @@ class LaneActor:
         if remote:
             values.update(_read_elsewhere(remote))
         return [_substitute(p, values) for p in payloads]
+
+
+def _group_gpus(shares: Sequence[float]) -> list[str]:
+    """The GPUs of the placement group this actor runs in (a device group's), bundle by
+    bundle ([] outside Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    placement = ray.util.get_current_placement_group() if ray.is_initialized() else None
+    return [] if placement is None else bundle_gpus(ray, placement, shares)
 
 
 def _assigned_gpus() -> list[str]:

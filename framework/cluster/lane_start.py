@@ -10,9 +10,12 @@ dies takes none of the devices' actors with it: the others' requests go on.
 It holds a share of the device's custom resource (``hetero/<device>``) where the node
 advertises one, so other Ray work cannot take the whole device while it lives, and, for a GPU
 on a node that gives Ray GPUs (``ray start --num-gpus``), one of Ray's GPUs (``num_gpus=1``):
-Ray hands that GPU to no other job while hetero holds it. Ray then sets the actor's
-``CUDA_VISIBLE_DEVICES`` to the GPU it assigned, and the actor's device id follows
-(:func:`visible_device`).
+Ray hands that GPU to no other job while hetero holds it. Devices of one node that are views of
+one GPU (``cuda:0`` and vLLM's ``vllm:cuda:0``) share it: each asks for its share
+(``num_gpus=0.5`` for two). Ray then sets the actor's ``CUDA_VISIBLE_DEVICES`` to the GPU it
+assigned, and the actor's device id follows (:func:`visible_device`). A device group (several
+GPUs as one device: :mod:`~hetero.framework.cluster.device_groups`) asks for no GPU itself: its
+placement group holds them, and the actor runs inside it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "DeviceCallTimeoutError",
     "actor_name",
     "device_resource",
+    "gpu_share",
     "lane_options",
     "restarted",
     "visible_device",
@@ -70,9 +74,22 @@ def actor_name(device_id: str) -> str:
     return f"{ACTOR_PREFIX}{device_id}"
 
 
+def gpu_share(device: DeviceSpec) -> float:
+    """The part of one of Ray's GPUs ``device``'s actor holds: 1, or 1/k where k devices of the
+    node are views of one GPU (``node_gpu_views``, counted when the node joined); 0 for a device
+    that is not a GPU, on a node that gives Ray no GPUs, or a device group (its placement group
+    holds its GPUs)."""
+    if device.device_class not in GPU_CLASSES or device.properties.get("group"):
+        return 0.0
+    if float(device.properties.get("node_gpus", 0)) < 1:
+        return 0.0
+    return 1.0 / max(1, int(device.properties.get("node_gpu_views", 1)))
+
+
 def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
-    """Ray's options for ``device``'s actor: pinned to its node (``strategy``), named, detached,
-    got-or-created, restarted by Ray when it dies, holding its share of the device's resource."""
+    """Ray's options for ``device``'s actor: pinned to its node (``strategy``: node affinity,
+    or a device group's placement group), named, detached, got-or-created, restarted by Ray
+    when it dies, holding its share of the device's resource and of its GPU."""
     options: dict[str, Any] = {
         "num_cpus": 0,
         "max_concurrency": LANE_CONCURRENCY,
@@ -89,11 +106,12 @@ def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
         "get_if_exists": True,
         "lifetime": "detached",
     }
-    if device.properties.get("reserved"):
+    if device.properties.get("reserved") and not device.properties.get("group"):
         local = str(device.properties["node_device"])
         options["resources"] = {device_resource(local): LANE_SHARE}
-    if device.device_class in GPU_CLASSES and float(device.properties.get("node_gpus", 0)) >= 1:
-        options["num_gpus"] = 1  # Ray's own accounting: no other job is handed this GPU
+    share = gpu_share(device)
+    if share:
+        options["num_gpus"] = share  # Ray's own accounting: no other job is handed this GPU
     return options
 
 

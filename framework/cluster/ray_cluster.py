@@ -39,6 +39,7 @@ from typing import Any
 
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
+from hetero.framework.cluster.device_groups import shape_node
 from hetero.framework.cluster.joining import Joining
 from hetero.framework.cluster.lane_start import device_resource
 from hetero.framework.cluster.remote_lanes import RayModelHost
@@ -149,9 +150,16 @@ class RayBackend(Backend):
         :data:`TELEMETRY_WAIT_S`); a node that does not answer marks the device unhealthy."""
         with self._lock:
             agent, spec = self._agent_of[device_id], self._known[device_id]
-        local = str(spec.properties["node_device"])
-        read: Telemetry = _ray().get(agent.telemetry.remote(local), timeout=TELEMETRY_WAIT_S)
-        return dataclasses.replace(read, device_id=device_id)
+        members = spec.properties.get("members") or (spec.properties["node_device"],)
+        calls = [agent.telemetry.remote(str(local)) for local in members]  # a group: each GPU
+        reads: list[Telemetry] = _ray().get(calls, timeout=TELEMETRY_WAIT_S)
+        watts = [r.power_watts for r in reads if r.power_watts is not None]
+        return Telemetry(
+            device_id=device_id,
+            memory_used_bytes=sum(r.memory_used_bytes for r in reads),
+            utilisation=sum(r.utilisation for r in reads) / len(reads),
+            power_watts=sum(watts) if watts else None,
+        )
 
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
         return graph  # compiled on the node, at load
@@ -310,11 +318,16 @@ class RayCluster:
             except ray.exceptions.RayError as err:  # discovery raised, or the node left
                 logger.warning("ray node %s: no devices: %s", node_id[:12], err)
                 continue
-            named = [
-                (_on_node(spec, node_id, bool(reserved), self._gpus.get(node_id, 0.0)), formats)
-                for spec, formats in devices
-                if not reserved or device_resource(spec.id) in reserved
-            ]
+            gpus = self._gpus.get(node_id, 0.0)
+            named = shape_node(  # the policy's device groups; GPUs shared by their views
+                [
+                    (_on_node(spec, node_id, bool(reserved), gpus), formats)
+                    for spec, formats in devices
+                    if not reserved or device_resource(spec.id) in reserved
+                ],
+                self.config.device_groups,
+                gpus,
+            )
             self.backend.add(node_id, agent, named)
             added.extend(spec for spec, _ in named)
             logger.info("ray node %s: %d devices", node_id[:12], len(named))
@@ -349,8 +362,6 @@ class RayCluster:
 
 def _on_node(spec: DeviceSpec, node_id: str, reserved: bool, gpus: float = 0.0) -> DeviceSpec:
     """A node's device as the fleet sees it: unique id, the node as its host, backend ``ray``."""
-    import dataclasses
-
     node = f"node-{node_id[:8]}"
     return dataclasses.replace(
         spec,

@@ -637,6 +637,11 @@ class ClusterConfig(_Frozen):
     # (a run, a read of kept outputs; a streamed run: the wait for its next piece), and a load
     call_timeout_s: PositiveFloat = 60.0
     load_timeout_s: PositiveFloat = 600.0
+    # models that span devices: a node's devices named this key plus an index ("vllm:cuda"),
+    # this many to one fleet device in a placement group (framework/cluster/device_groups.py)
+    device_groups: Annotated[
+        Mapping[StrictStr, Annotated[int, Field(ge=2)]], AfterValidator(_freeze)
+    ] = pmap()
 
 
 class PolicySpec(_Frozen):

@@ -1,0 +1,251 @@
+"""Device groups: several GPUs of one node served as one fleet device, for a model that spans
+them (tensor parallel: vLLM's ``tensor_parallel_size``).
+
+The policy says which devices are grouped and how many to a group::
+
+    cluster:
+      engine: ray
+      device_groups: {"vllm:cuda": 2}   # every node's vLLM GPUs, two to a device
+
+On every node that gives Ray at least that many GPUs, the devices whose id on the node is the
+key plus an index (``vllm:cuda:0``, ``vllm:cuda:1``, ...) are taken in order, ``size`` at a
+time, and each set becomes one device, ``vllm:cuda:0+1@node-...``: its memory, FLOP/s and
+bandwidth the members' sums, the formats they all take. Its members leave the fleet (a GPU
+is in one group or on its own, never both); a remainder short of a group stays on its own. A
+stage runs there as on any device; the policy pins it there the usual ways (``devices.allow``,
+``server.runtimes``).
+
+The group's actor runs inside a **placement group** of one bundle per member GPU (``{GPU: 1}``,
+or the member's share where another device of the node is a view of the same GPU),
+``STRICT_PACK`` on the group's node (bundles that also hold the members' ``hetero/<device>``
+shares where the node advertises them; else Ray's soft node target, checked once placed).
+The placement group is named after the device and detached, like the actor: every front door
+gets the same one, and the last to leave removes it. The actor itself asks for no GPU: it
+learns the GPUs Ray reserved for the bundles (one probe task per bundle), makes them the
+``CUDA_VISIBLE_DEVICES`` of the processes it starts, and opens the group on the node's backend
+under the ids those processes see (``vllm:cuda:0+1``); the vllm backend runs a group's engine
+with ``tensor_parallel_size`` = its member count (vLLM's own workers, one per GPU). While the
+placement group lives, Ray hands its GPUs to no other job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hetero.framework.backend import Backend
+from hetero.framework.cluster.lane_start import GPU_CLASSES, LANE_SHARE, device_resource
+from hetero.framework.devices import DeviceSpec
+from hetero.framework.graph import GraphFormat
+
+__all__ = [
+    "GROUP_PREFIX",
+    "adopt",
+    "bundle_gpus",
+    "group_bundles",
+    "open_group",
+    "placement_name",
+    "shape_node",
+    "visible_env",
+]
+
+logger = logging.getLogger(__name__)
+
+GROUP_PREFIX = "hetero-group:"  # a device group's placement group: this and the device id
+Lent = tuple[DeviceSpec, frozenset[GraphFormat]]
+
+
+def placement_name(device_id: str) -> str:
+    """The cluster-wide name of a device group's placement group."""
+    return f"{GROUP_PREFIX}{device_id}"
+
+
+def _kind(local_id: str) -> tuple[str, int] | None:
+    """``("vllm:cuda", 3)`` for ``vllm:cuda:3``; None for an id without a trailing index."""
+    stem = local_id.rstrip("0123456789")
+    if stem == local_id:
+        return None
+    return stem.rstrip(":-"), int(local_id[len(stem) :])
+
+
+def _physical(spec: DeviceSpec) -> str:
+    """The GPU a node's device is a view of, by its id on the node."""
+    return str(spec.properties.get("serves") or spec.properties["node_device"])
+
+
+def shape_node(lent: list[Lent], groups: Mapping[str, int], gpus: float) -> list[Lent]:
+    """A node's devices as the fleet takes them: the policy's groups formed (members replaced
+    by their group) on a node with enough GPUs, and each GPU device told how many of the
+    node's devices are views of its GPU (``node_gpu_views``: they share it)."""
+    shaped = list(lent)
+    for key, size in groups.items():
+        shaped = _group(shaped, key.rstrip(":-"), size, gpus)
+    views: dict[str, int] = {}
+    for spec, _ in shaped:
+        if spec.device_class in GPU_CLASSES:
+            for member in spec.properties.get("members") or (spec,):
+                physical = member if isinstance(member, str) else _physical(member)
+                views[physical] = views.get(physical, 0) + 1
+    out: list[Lent] = []
+    for spec, formats in shaped:
+        if spec.properties.get("group"):
+            out.append((_share_bundles(spec, views), formats))
+        elif spec.device_class in GPU_CLASSES:
+            out.append((_with(spec, node_gpu_views=views.get(_physical(spec), 1)), formats))
+        else:
+            out.append((spec, formats))
+    return out
+
+
+def _with(spec: DeviceSpec, **properties: Any) -> DeviceSpec:
+    return dataclasses.replace(spec, properties={**spec.properties, **properties})
+
+
+def _group(lent: list[Lent], key: str, size: int, gpus: float) -> list[Lent]:
+    members = sorted(
+        (kind[1], spec, formats)
+        for spec, formats in lent
+        if (kind := _kind(str(spec.properties["node_device"]))) is not None and kind[0] == key
+    )
+    if len(members) < size:
+        return lent
+    if gpus < size:
+        logger.warning(
+            "%s: device group %r of %d needs %d of Ray's GPUs on the node, which gives %g: "
+            "not formed",
+            members[0][1].host,
+            key,
+            size,
+            size,
+            gpus,
+        )
+        return lent
+    sets = [members[at : at + size] for at in range(0, len(members) - size + 1, size)]
+    grouped = {id(spec) for chunk in sets for _, spec, _ in chunk}
+    kept = [(spec, formats) for spec, formats in lent if id(spec) not in grouped]
+    return kept + [_one_group([(spec, f) for _, spec, f in chunk]) for chunk in sets]
+
+
+def _one_group(chunk: Sequence[Lent]) -> Lent:
+    specs = [spec for spec, _ in chunk]
+    first = specs[0]
+    locals_ = [str(spec.properties["node_device"]) for spec in specs]
+    stem = locals_[0].rstrip("0123456789")
+    local = stem + "+".join(name[len(stem) :] for name in locals_)
+    flops = {
+        dtype: sum(spec.peak_flops.get(dtype, 0.0) for spec in specs) for dtype in first.peak_flops
+    }
+    serves = [spec.properties.get("serves") for spec in specs]
+    properties = {
+        **first.properties,
+        "node_device": local,
+        "group": len(specs),
+        "members": tuple(locals_),
+        "physical_members": tuple(_physical(spec) for spec in specs),
+    }
+    if all(serves):
+        served_stem = str(serves[0]).rstrip("0123456789")
+        properties["serves"] = served_stem + "+".join(str(s)[len(served_stem) :] for s in serves)
+    else:
+        properties.pop("serves", None)
+    spec = dataclasses.replace(
+        first,
+        id=f"{local}@{first.host}",
+        vendor_name=f"{len(specs)} x {first.vendor_name}",
+        memory_bytes=sum(spec.memory_bytes for spec in specs),
+        peak_flops=flops,
+        memory_bandwidth_bytes_per_s=sum(spec.memory_bandwidth_bytes_per_s for spec in specs),
+        properties=properties,
+    )
+    formats = frozenset.intersection(*(f for _, f in chunk))
+    return spec, formats
+
+
+def _share_bundles(spec: DeviceSpec, views: Mapping[str, int]) -> DeviceSpec:
+    """A group's part of each member GPU (1, or 1/k where k devices of the node view it)."""
+    if not spec.properties.get("group"):
+        return spec
+    physical = spec.properties["physical_members"]
+    shares = tuple(1.0 / max(1, views.get(str(p), 1)) for p in physical)
+    return _with(spec, gpu_shares=shares)
+
+
+def group_bundles(device: DeviceSpec) -> list[dict[str, float]]:
+    """The placement group's bundles of a device group: one per member GPU, each its share
+    of that GPU and, where the node advertises them, a share of the member's resource (which
+    pins the bundles to the node)."""
+    members = [str(m) for m in device.properties["members"]]
+    shares = device.properties.get("gpu_shares") or tuple(1.0 for _ in members)
+    bundles = []
+    for member, share in zip(members, shares, strict=True):
+        bundle = {"GPU": float(share)}
+        if device.properties.get("reserved"):
+            bundle[device_resource(member)] = LANE_SHARE
+        bundles.append(bundle)
+    return bundles
+
+
+def bundle_gpus(ray: Any, placement: Any, shares: Sequence[float]) -> list[str]:
+    """The GPU ids Ray reserved for each bundle of ``placement`` (one probe task per bundle,
+    asking for that bundle's GPU share), in bundle order."""
+    strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
+    probe = ray.remote(_gpu_ids)
+    calls = [
+        probe.options(
+            num_cpus=0,
+            num_gpus=share,
+            scheduling_strategy=strategy(placement, placement_group_bundle_index=index),
+        ).remote()
+        for index, share in enumerate(shares)
+    ]
+    found: list[str] = []
+    for ids in ray.get(calls):
+        found.extend(gpu for gpu in ids if gpu not in found)
+    return found
+
+
+def _gpu_ids() -> list[str]:
+    import ray
+
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
+
+
+def open_group(local_id: str, members: Sequence[str], gpus: Sequence[str]) -> tuple[str, str]:
+    """The id a group's actor opens it by, and the member it is made from: where its members
+    are indexed GPU ids (``vllm:cuda:2``) and Ray reserved GPUs for it, the GPUs its processes
+    see (``CUDA_VISIBLE_DEVICES`` set to those: ``vllm:cuda:0+1``, from ``vllm:cuda:0``);
+    Ray, not hetero, picks which of the node's GPUs the bundles get. Other ids keep theirs."""
+    name, _, index = str(members[0]).rpartition(":")
+    if not gpus or not name or not index.isdigit():
+        return local_id, str(members[0])
+    seen = "+".join(str(at) for at in range(len(gpus)))
+    return f"{name}:{seen}", f"{name}:0"
+
+
+def adopt(backend: Backend, member: DeviceSpec, group_id: str, count: int) -> DeviceSpec:
+    """The group ``group_id`` opened on a node's ``backend``, made from its first ``member`` as
+    that backend found it (``count`` of them: memory, FLOP/s and bandwidth scaled), and added to
+    the devices that backend knows in this process, so it compiles, loads and runs there (the
+    device actor's own backend instance: no other process sees it)."""
+    spec = dataclasses.replace(
+        member,
+        id=group_id,
+        vendor_name=f"{count} x {member.vendor_name}",
+        memory_bytes=member.memory_bytes * count,
+        peak_flops={dtype: flops * count for dtype, flops in member.peak_flops.items()},
+        memory_bandwidth_bytes_per_s=member.memory_bandwidth_bytes_per_s * count,
+        properties={**member.properties, "group": count},
+    )
+    known = backend.devices()
+    if all(found.id != group_id for found in known):
+        backend._devices = (*known, spec)  # the actor's own instance; no API adds a device
+    return spec
+
+
+def visible_env(gpus: Sequence[str]) -> None:
+    """The group's GPUs as the processes the actor starts see them (vLLM's workers)."""
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
