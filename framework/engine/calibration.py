@@ -5,8 +5,9 @@ Warm-up times a stage on every device that can run it (a probe, best of two runs
 it where it is fastest. On a CPU host that means loading the model into every runtime
 (OpenVINO, ONNX Runtime, torch), which costs seconds and leaves the slower runtimes' memory
 behind. The figure depends only on what ran and where, so it is kept, keyed by exactly that:
-the model version and graph format, the device and its runtime's version, the intra-op
-threads, the probe's size, the host's processor (model, cores, clock) and hetero's version.
+the model version and graph format, the plugin that builds the graph (its class and its
+package's version), the device and its runtime's version, the intra-op threads, the probe's
+size, the host's processor (model, cores, clock) and hetero's version.
 Any of them changing is another key, measured afresh. A figure measured once is a
 calibration, not a promise: in service the scheduler's corrections follow what runs measure.
 
@@ -21,14 +22,16 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
 from hetero.framework import envs
 from hetero.framework.devices import DeviceSpec
 
-__all__ = ["CalibrationKey", "CalibrationStore"]
+__all__ = ["CalibrationKey", "CalibrationStore", "plugin_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +43,33 @@ def _hetero_version() -> str:
         return "unknown"
 
 
+@cache
+def _distributions() -> Mapping[str, list[str]]:
+    return metadata.packages_distributions()
+
+
+def plugin_identity(plugin: object) -> str:
+    """The class that builds a stage's graphs and the version of the package it ships in: a
+    plugin upgraded in place (new weights, another export) under the same model version is
+    another key."""
+    cls = type(plugin)
+    top = cls.__module__.split(".", 1)[0]
+    versions = []
+    for name in _distributions().get(top, ()):
+        try:
+            versions.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return f"{cls.__module__}.{cls.__qualname__}[{','.join(sorted(versions))}]"
+
+
 @dataclass(frozen=True, slots=True)
 class CalibrationKey:
     """What a warm-up timing depends on."""
 
     model_version: str
     graph_format: str
+    plugin: str
     device_id: str
     runtime_version: str
     threads: int
@@ -60,8 +84,10 @@ class CalibrationKey:
         device: DeviceSpec,
         threads: int,
         items: float,
+        plugin: object,
     ) -> CalibrationKey:
-        """The key of a probe of ``model_version`` in ``graph_format`` on ``device``."""
+        """The key of a probe of ``model_version`` in ``graph_format``, built by ``plugin``,
+        on ``device``."""
         props = device.properties
         processor = "/".join(
             str(part)
@@ -77,6 +103,7 @@ class CalibrationKey:
         return cls(
             model_version=model_version,
             graph_format=graph_format,
+            plugin=plugin_identity(plugin),
             device_id=device.id,
             runtime_version=str(props.get("runtime_version", "")),
             threads=threads,
@@ -90,6 +117,7 @@ class CalibrationKey:
             (
                 self.model_version,
                 self.graph_format,
+                self.plugin,
                 self.device_id,
                 self.runtime_version,
                 str(self.threads),

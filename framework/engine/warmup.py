@@ -174,6 +174,7 @@ class WarmUp:
             self.engine._device_by_id[device_id],
             self.engine._threads.get(stage, 0),
             self.engine.plugins[stage].items(probe),
+            self.engine.plugins[stage],
         )
 
     def _kept(self, stage: str, candidates: list[str], probe: Any) -> dict[str, float]:
@@ -200,6 +201,7 @@ class WarmUp:
         was left without it: what placement estimates there against ``best``, or why it
         could not run it."""
         status = self.engine.status[stage]
+        status.idle.clear()  # a warm-up again (a reload, a device back) judges afresh
         scheduler = self.engine.scheduler
         chosen_s = scheduler.estimate_s(stage, "full", best)
         for device_id in scheduler.runnable_devices(stage):

@@ -103,13 +103,19 @@ class CountingBackend(NpuBackend):
         return super()._run(model, inputs)
 
 
-def _start(store: CalibrationStore) -> tuple[Engine, dict[str, int], dict[str, int]]:
+class RebuiltStage(ProbedStage):
+    """Another plugin for the same model version (say, a new export of its weights)."""
+
+
+def _start(
+    store: CalibrationStore, plugin: StagePlugin | None = None
+) -> tuple[Engine, dict[str, int], dict[str, int]]:
     """Warm an engine up with ``store``; its status, and the loads and runs per device."""
     registry = Registry(use_entry_points=False)
     registry.register_backend("npu", lambda: Detection.found("npu", CountingBackend))
     CountingBackend.loads, CountingBackend.runs, CountingBackend.order = {}, {}, []
     policy = load_policy_text(POLICY, "calibrated.yaml")
-    engine = Engine(policy, registry, plugins={"encode": ProbedStage()})
+    engine = Engine(policy, registry, plugins={"encode": plugin or ProbedStage()})
     engine.warmer.calibrations = store
     engine.start()
     assert engine.warm_up() == {}
@@ -148,5 +154,22 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         estimate = second.scheduler.estimate_s
         ratio = estimate("encode", "full", idle) / estimate("encode", "full", chosen)
         assert ratio == pytest.approx(timings[idle] / timings[chosen])
+        # Warmed up again (a reload, a failed stage retried): why a runtime is idle is
+        # judged afresh, and what was said of a device no longer there goes.
+        status.idle["npu:gone/CPU"] = "slower: a device that left"
+        status.state = "pending"
+        assert second.warm_up() == {}
+        assert status.idle.keys() == {idle}
     finally:
         second.close()
+
+
+def test_kept_timings_belong_to_the_plugin_that_built_the_graph(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path / "calibration.json")
+    _start(store)[0].close()
+    again, loads, _ = _start(store)  # the control: the same plugin loads one runtime
+    again.close()
+    assert len(loads) == 1
+    rebuilt, loads, _ = _start(store, RebuiltStage())
+    rebuilt.close()
+    assert loads.keys() == {ORT, OPENVINO}  # another plugin's graph is timed afresh
