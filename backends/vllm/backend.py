@@ -38,7 +38,7 @@ from hetero.framework.errors import (
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.registry import default_registry
 
-__all__ = ["VllmBackend", "engine_settings"]
+__all__ = ["VllmBackend", "engine_settings", "visible_gpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,16 @@ def engine_settings(
         device_id=device_id,
         graph=graph.name,
     )
+
+
+def visible_gpus(device_id: str, visible: str | None) -> list[str]:
+    """The GPUs a ``vllm:cuda:N`` device's engine is given: its index, or each index of a
+    device group's ``vllm:cuda:0+1`` (its GPUs, tensor parallel), as ``CUDA_VISIBLE_DEVICES``
+    names them; where this process sees only some GPUs already (a Ray actor: ``visible``),
+    the indices are positions among those."""
+    indices = device_id.rsplit(":", 1)[1].split("+")
+    seen = [gpu for gpu in (visible or "").split(",") if gpu]
+    return [seen[int(i)] if seen and int(i) < len(seen) else i for i in indices]
 
 
 class VllmBackend(Backend):
@@ -145,11 +155,13 @@ class VllmBackend(Backend):
         weights = sum(p.stat().st_size for p in settings.model_dir.glob("*.safetensors"))
         if self.platform == "cpu":
             engine = VllmEngine(settings)
-        else:  # the engine-core process it starts inherits the one GPU it may see
-            gpu = executable.device_id.rsplit(":", 1)[1]
+        else:  # the engine-core process it starts inherits the GPUs it may see
+            gpus = visible_gpus(executable.device_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            if len(gpus) > 1:  # a device group (cluster.device_groups): tensor parallel
+                settings = dataclasses.replace(settings, tensor_parallel_size=len(gpus))
             with self._start_lock:
                 saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
                 try:
                     engine = VllmEngine(settings)
                 finally:

@@ -86,9 +86,8 @@ def shape_node(lent: list[Lent], groups: Mapping[str, int], gpus: float) -> list
     views: dict[str, int] = {}
     for spec, _ in shaped:
         if spec.device_class in GPU_CLASSES:
-            for member in spec.properties.get("members") or (spec,):
-                physical = member if isinstance(member, str) else _physical(member)
-                views[physical] = views.get(physical, 0) + 1
+            for physical in spec.properties.get("physical_members") or (_physical(spec),):
+                views[str(physical)] = views.get(str(physical), 0) + 1
     out: list[Lent] = []
     for spec, formats in shaped:
         if spec.properties.get("group"):

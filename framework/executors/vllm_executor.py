@@ -50,6 +50,7 @@ class EngineSettings:
         prefix_caching: Reuse the KV cache of a prompt prefix seen before.
         device_id: The hetero device it runs on (``vllm:cuda:0``), named in its errors.
         graph: The graph it serves, named in its errors.
+        tensor_parallel_size: GPUs the model is split over (a device group's members).
     """
 
     model_dir: Path
@@ -60,6 +61,7 @@ class EngineSettings:
     prefix_caching: bool = True
     device_id: str = "vllm"
     graph: str = "decoder"
+    tensor_parallel_size: int = 1
 
 
 @dataclass(slots=True)
@@ -156,6 +158,7 @@ class VllmEngine(TextEngine):
             max_num_seqs=s.max_num_seqs,
             kv_cache_memory_bytes=s.kv_cache_bytes,
             enable_prefix_caching=s.prefix_caching,
+            tensor_parallel_size=s.tensor_parallel_size,
             enforce_eager=True,
             disable_log_stats=True,
             seed=0,
