@@ -1,7 +1,7 @@
 """The bounded (branch-and-bound) placement search against the full scan, side by side.
 
 1. ``simulate()`` on the 1,000-device fleet (``policies/sim/1000xa100.yaml``, the workload
-   ``benchmarks/fleet/workload.yaml``) with every decision searched each way: the figures (and
+   ``framework/bench/fleet_workload.yaml``) with every decision searched each way: the figures (and
    every request's latency) must be identical, and each run's wall time is printed.
 2. Decision latency (``hetero bench scheduler``'s fleet and tasks, 10,000 queued) at 1,000 and
    10,000 devices: two schedulers fed the same tasks, one searching each way, their decisions
@@ -40,7 +40,7 @@ def simulated(search: str) -> tuple[dict[str, object], list[float], float, float
     policy = load_policy(str(ROOT / "policies" / "sim" / "1000xa100.yaml"))
     devices = simulated_devices(policy.spec.devices.simulated)
     topology = Topology(devices)
-    workload = load_workload(str(ROOT / "benchmarks" / "fleet" / "workload.yaml"))
+    workload = load_workload(str(ROOT / "framework" / "bench" / "fleet_workload.yaml"))
     saved = placement.BOUNDED_SEARCH_MIN_DEVICES
     placement.BOUNDED_SEARCH_MIN_DEVICES = 0 if search == "bounded" else 1 << 62
     try:

@@ -1,7 +1,8 @@
 """How planning, listing, scheduling and simulating grow with the fleet: 16 to 1,000 devices.
 
 The fleets are ``policies/sim/1000xa100.yaml`` with fewer hosts (8 A100s each, the ref-8xa100
-stages), the workload ``benchmarks/fleet/workload.yaml`` (6,028 Poisson requests at 300 req/s).
+stages), the workload ``fleet_workload.yaml`` beside this module (6,028 Poisson requests at
+300 req/s).
 Per fleet, one run each:
 
 * ``fleet_s``: generating the policy's simulated device specs (what discovery is to a
@@ -28,7 +29,7 @@ from typing import Any
 
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.fleet import simulated_devices
-from hetero.framework.policy import Policy, load_policy
+from hetero.framework.policy import Policy, builtin_policy_text, load_policy
 from hetero.framework.scheduler.clock import VirtualClock
 from hetero.framework.scheduler.scheduler import Scheduler
 from hetero.framework.simulator import load_workload
@@ -37,18 +38,17 @@ from hetero.framework.topology import Topology
 
 __all__ = ["FLEET_HOSTS", "fleet_policy_text", "run_fleet_bench"]
 
-ROOT = Path(__file__).resolve().parents[2]
-FLEET_POLICY = ROOT / "policies" / "sim" / "1000xa100.yaml"
-WORKLOAD = ROOT / "benchmarks" / "fleet" / "workload.yaml"
+FLEET_POLICY = "sim/1000xa100"  # shipped in hetero.policies
+WORKLOAD = Path(__file__).with_name("fleet_workload.yaml")  # shipped beside this module
 FLEET_HOSTS = (2, 16, 125)  # 16, 128 and 1,000 devices
 HOSTS_LINE = "hosts: 125"
 
 
 def fleet_policy_text(hosts: int) -> str:
     """The shipped 1,000-device policy with ``hosts`` hosts of 8 instead of 125."""
-    text = FLEET_POLICY.read_text(encoding="utf-8")
+    text = builtin_policy_text(FLEET_POLICY)
     if HOSTS_LINE not in text:
-        raise ValueError(f"{FLEET_POLICY}: no {HOSTS_LINE!r} line to scale")
+        raise ValueError(f"builtin:{FLEET_POLICY}: no {HOSTS_LINE!r} line to scale")
     return text.replace(HOSTS_LINE, f"hosts: {hosts}", 1)
 
 

@@ -2,7 +2,7 @@
 the simulating thread's CPU time (``time.thread_time``, which a busy machine does not inflate)
 and, beside it, per wall second, on the shipped 1,000-device fleet
 (``policies/sim/1000xa100.yaml``) with the fleet bench's workload
-(``benchmarks/fleet/workload.yaml``: 6,028 Poisson requests at 300 a second)."""
+(``framework/bench/fleet_workload.yaml``: 6,028 Poisson requests at 300 a second)."""
 
 from __future__ import annotations
 
