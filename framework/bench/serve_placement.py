@@ -192,18 +192,21 @@ def _start(
     began = time.perf_counter()
     process = bench_procs.start(bench_procs.CLI_MODULE, args, log)
     try:
-        bench_procs.wait_ready(url, "/ready", process, READY_TIMEOUT_S)
-    except RuntimeError as err:
+        try:
+            bench_procs.wait_ready(url, "/ready", process, READY_TIMEOUT_S)
+        except RuntimeError as err:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{label}: {err}\n{tail}") from err
+        startup_s = time.perf_counter() - began
+        warm(url)
+        time.sleep(0.5)
+        figures = {
+            "startup_s": round(startup_s, 2),
+            "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
+        }
+    except BaseException:  # not ready, or its warm-up requests failed: no server left behind
         bench_procs.stop(process)
-        tail = log.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{label}: {err}\n{tail}") from err
-    startup_s = time.perf_counter() - began
-    warm(url)
-    time.sleep(0.5)
-    figures = {
-        "startup_s": round(startup_s, 2),
-        "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
-    }
+        raise
     return _Stack(label, url, process, figures)
 
 
@@ -257,12 +260,14 @@ def run_placement_bench(
                 calibrating = _start(
                     "free (first start)", path("free-first", None), folder, report, chosen.warm
                 )
+                running.append(calibrating)  # stopped below, or by ``finally`` if this fails
                 first = {
                     **calibrating.figures,
                     "stages": _stages_of(calibrating),
                     "assignment": "free",
                 }
                 bench_procs.stop(calibrating.process)
+                running.remove(calibrating)
                 timed = _timed_runtimes(first["stages"])
                 assignments: dict[str, Any] = {}
                 for runtime in runtimes:
