@@ -46,6 +46,7 @@ __all__ = [
     "adopt",
     "bundle_gpus",
     "group_bundles",
+    "group_gpus",
     "open_group",
     "placement_name",
     "shape_node",
@@ -90,7 +91,7 @@ def shape_node(lent: list[Lent], groups: Mapping[str, int], gpus: float) -> list
                 views[str(physical)] = views.get(str(physical), 0) + 1
     out: list[Lent] = []
     for spec, formats in shaped:
-        if spec.properties.get("group"):
+        if spec.properties.get("device_group"):
             out.append((_share_bundles(spec, views), formats))
         elif spec.device_class in GPU_CLASSES:
             out.append((_with(spec, node_gpu_views=views.get(_physical(spec), 1)), formats))
@@ -141,7 +142,7 @@ def _one_group(chunk: Sequence[Lent]) -> Lent:
     properties = {
         **first.properties,
         "node_device": local,
-        "group": len(specs),
+        "device_group": len(specs),
         "members": tuple(locals_),
         "physical_members": tuple(_physical(spec) for spec in specs),
     }
@@ -165,7 +166,7 @@ def _one_group(chunk: Sequence[Lent]) -> Lent:
 
 def _share_bundles(spec: DeviceSpec, views: Mapping[str, int]) -> DeviceSpec:
     """A group's part of each member GPU (1, or 1/k where k devices of the node view it)."""
-    if not spec.properties.get("group"):
+    if not spec.properties.get("device_group"):
         return spec
     physical = spec.properties["physical_members"]
     shares = tuple(1.0 / max(1, views.get(str(p), 1)) for p in physical)
@@ -206,6 +207,17 @@ def bundle_gpus(ray: Any, placement: Any, shares: Sequence[float]) -> list[str]:
     return found
 
 
+def group_gpus(shares: Sequence[float]) -> list[str]:
+    """The GPUs of the placement group this actor runs in (a device group's), bundle by
+    bundle ([] outside Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    placement = ray.util.get_current_placement_group() if ray.is_initialized() else None
+    return [] if placement is None else bundle_gpus(ray, placement, shares)
+
+
 def _gpu_ids() -> list[str]:
     import ray
 
@@ -236,7 +248,7 @@ def adopt(backend: Backend, member: DeviceSpec, group_id: str, count: int) -> De
         memory_bytes=member.memory_bytes * count,
         peak_flops={dtype: flops * count for dtype, flops in member.peak_flops.items()},
         memory_bandwidth_bytes_per_s=member.memory_bandwidth_bytes_per_s * count,
-        properties={**member.properties, "group": count},
+        properties={**member.properties, "device_group": count},
     )
     known = backend.devices()
     if all(found.id != group_id for found in known):

@@ -14,6 +14,7 @@ tested) without Ray too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -22,9 +23,9 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from hetero.framework.cluster.device_groups import adopt, bundle_gpus, open_group, visible_env
+from hetero.framework.cluster.device_groups import adopt, group_gpus, open_group, visible_env
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
-from hetero.framework.cluster.lane_start import visible_device
+from hetero.framework.cluster.lane_start import assigned_gpus, visible_device
 from hetero.framework.cluster.reap import start_reaper
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
@@ -64,12 +65,12 @@ class LaneActor:
         backend = registry.backend(device_id.split(":", 1)[0])
         self.fleet_id = fleet_id or device_id
         if members:  # a device group: its placement group's GPUs, all of them
-            self.gpus = _group_gpus(shares)
+            self.gpus = group_gpus(shares)
             visible_env(self.gpus)
             opened, template = open_group(device_id, members, self.gpus)
             spec = adopt(backend, backend.device(template), opened, len(members))
         else:
-            self.gpus = _assigned_gpus()  # Ray's GPU ids for this actor (num_gpus), or none
+            self.gpus = assigned_gpus()  # Ray's GPU ids for this actor (num_gpus), or none
             spec = backend.device(visible_device(device_id, self.gpus))
         self.models = DeviceModels(backend, spec)
         self.plugins: dict[str, StagePlugin] = {}
@@ -84,6 +85,7 @@ class LaneActor:
         self._doors: dict[str, float] = {}
         self._doors_lock = threading.Lock()
         self._seen = time.monotonic()  # a front door's last touch (its start until one comes)
+        self._busy = 0  # front doors' setups, loads and runs in progress
         self.lease_s = lease_s
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new process: a new one
         if lease_s > 0:  # in Ray: it ends itself once no front door touches it (reap.py)
@@ -118,14 +120,16 @@ class LaneActor:
 
     def add_stage(self, stage: str, plugin: StagePlugin) -> None:
         """Take in a stage's plugin, set up on this node (idempotent per stage)."""
-        if stage not in self.plugins:
-            plugin.prepare()  # idempotent: files another node made are made here too
-            plugin.setup()
-            self.plugins[stage] = plugin
+        with self._present():
+            if stage not in self.plugins:
+                plugin.prepare()  # idempotent: files another node made are made here too
+                plugin.setup()
+                self.plugins[stage] = plugin
 
     def load(self, model_key: str, graph_format: GraphFormat, threads: int) -> bool:
         """Make ``model_key`` resident on the device (True: loaded now)."""
-        return self.models.load(self._plugin(model_key), model_key, graph_format, threads)
+        with self._present():
+            return self.models.load(self._plugin(model_key), model_key, graph_format, threads)
 
     def run(
         self,
@@ -219,7 +223,10 @@ class LaneActor:
         lost: dict[int, str] | None = None,
     ) -> tuple[Any, ...]:
         plugin = self._plugin(model_key)
-        ran = self.models.run_batch(plugin, model_key, GraphFormat(graph_format), threads, local)
+        with self._present():
+            ran = self.models.run_batch(
+                plugin, model_key, GraphFormat(graph_format), threads, local
+            )
         shapes = [describe(result) for result in ran.results]
         kept = [
             result if kind in ("map", "value") else None
@@ -256,9 +263,23 @@ class LaneActor:
 
     def lapsed(self, now: float) -> bool:
         """Whether no front door touched this actor for longer than its lease (each front
-        door's heartbeat touches it; its last front door died without leaving)."""
+        door's heartbeat touches it; its last front door died without leaving). A setup, a
+        load or a run in progress counts as a touch (a front door warming a joining device
+        waits on its loads, and touches it only once it takes it)."""
         with self._doors_lock:
-            return self.lease_s > 0 and now - self._seen > self.lease_s
+            return self.lease_s > 0 and not self._busy and now - self._seen > self.lease_s
+
+    @contextlib.contextmanager
+    def _present(self) -> Iterator[None]:
+        """A front door's call in progress: the lease holds while it runs and from its end."""
+        with self._doors_lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._doors_lock:
+                self._busy -= 1
+                self._seen = time.monotonic()
 
     def release(self, *batch_ids: str) -> None:
         """Forget kept batches (the front door dropped their last stand-ins)."""
@@ -321,28 +342,6 @@ class LaneActor:
         if remote:
             values.update(_read_elsewhere(remote))
         return [_substitute(p, values) for p in payloads]
-
-
-def _group_gpus(shares: Sequence[float]) -> list[str]:
-    """The GPUs of the placement group this actor runs in (a device group's), bundle by
-    bundle ([] outside Ray)."""
-    try:
-        import ray
-    except ImportError:
-        return []
-    placement = ray.util.get_current_placement_group() if ray.is_initialized() else None
-    return [] if placement is None else bundle_gpus(ray, placement, shares)
-
-
-def _assigned_gpus() -> list[str]:
-    """Ray's GPU ids for this actor ([] outside Ray, or without ``num_gpus``)."""
-    try:
-        import ray
-    except ImportError:
-        return []
-    if not ray.is_initialized():
-        return []
-    return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
 def _read_elsewhere(

@@ -35,6 +35,7 @@ __all__ = [
     "READY_WAIT_S",
     "DeviceCallTimeoutError",
     "actor_name",
+    "assigned_gpus",
     "device_resource",
     "gpu_share",
     "lane_options",
@@ -79,7 +80,7 @@ def gpu_share(device: DeviceSpec) -> float:
     node are views of one GPU (``node_gpu_views``, counted when the node joined); 0 for a device
     that is not a GPU, on a node that gives Ray no GPUs, or a device group (its placement group
     holds its GPUs)."""
-    if device.device_class not in GPU_CLASSES or device.properties.get("group"):
+    if device.device_class not in GPU_CLASSES or device.properties.get("device_group"):
         return 0.0
     if float(device.properties.get("node_gpus", 0)) < 1:
         return 0.0
@@ -106,13 +107,24 @@ def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
         "get_if_exists": True,
         "lifetime": "detached",
     }
-    if device.properties.get("reserved") and not device.properties.get("group"):
+    if device.properties.get("reserved") and not device.properties.get("device_group"):
         local = str(device.properties["node_device"])
         options["resources"] = {device_resource(local): LANE_SHARE}
     share = gpu_share(device)
     if share:
         options["num_gpus"] = share  # Ray's own accounting: no other job is handed this GPU
     return options
+
+
+def assigned_gpus() -> list[str]:
+    """Ray's GPU ids for this actor ([] outside Ray, or without ``num_gpus``)."""
+    try:
+        import ray
+    except ImportError:
+        return []
+    if not ray.is_initialized():
+        return []
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
 def visible_device(local_device_id: str, assigned: list[str]) -> str:

@@ -200,7 +200,7 @@ class RayModelHost(ActorLink):
             ray.kill(actor)
         except Exception as err:  # its node is gone already
             logger.debug("%s: ending its actor: %s", self.device.id, err)
-        if self.device.properties.get("group"):  # a device group: its GPUs are free again
+        if self.device.properties.get("device_group"):  # a device group: its GPUs are free again
             try:
                 ray.util.remove_placement_group(
                     ray.util.get_placement_group(placement_name(self.device.id))

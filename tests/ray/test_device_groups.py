@@ -72,7 +72,7 @@ def test_a_two_gpu_model_runs_in_a_placement_group_that_holds_both_gpus(
             assert group in fleet
             assert not {f"{gpu}@{short(worker)}" for gpu in FAKE_GPUS} & fleet
             (spec,) = [d for d in engine.fleet.devices if d.id == group]
-            assert spec.properties["group"] == 2
+            assert spec.properties["device_group"] == 2
             assert ray.available_resources().get("GPU") == 2  # the control: none held yet
             results = [engine.submit("/one", {"x": x}).result(timeout=120) for _ in range(4)]
             assert {r.devices["encode"] for r in results} == {group}  # answered by the group

@@ -60,7 +60,7 @@ def test_a_group_is_one_device_over_its_members_and_they_leave_the_fleet() -> No
     assert f"vllm:cuda:2@{NODE}" in shaped  # short of a group: on its own
     assert group.memory_bytes == 2 * 2**30 and group.peak_flops["fp16"] == 2e12
     assert formats == {GraphFormat.VLLM}
-    assert group.properties["group"] == 2
+    assert group.properties["device_group"] == 2
     assert group.properties["members"] == ("vllm:cuda:0", "vllm:cuda:1")
     assert group.properties["serves"] == "cuda:0+1"
     # GPUs 0 and 1 are seen by the group and by the cuda backend: each holds half of each
