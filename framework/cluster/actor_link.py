@@ -72,6 +72,9 @@ class ActorLink:
         self._incarnation = ""  # the actor process's, as its last touch answered
         self._touched: Any = None  # the heartbeat's last touch, read at the next
         self.restarts = 0  # times this device's actor died and came back warm
+        # the node's ids of the GPUs its actor serves, where Ray gave it others than the
+        # device is named after (or a group's): its telemetry is read from those
+        self.served: tuple[str, ...] | None = None
         config = backend.config
         self._call_timeout_s = config.call_timeout_s if config else DEFAULT_CALL_TIMEOUT_S
         self._load_timeout_s = config.load_timeout_s if config else DEFAULT_LOAD_TIMEOUT_S
@@ -134,18 +137,21 @@ class ActorLink:
         )
         self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
         self._incarnation = self._touch(actor)
-        if "num_gpus" in options:  # Ray picked the GPU; the actor serves the one it was given
+        if "num_gpus" in options or members:  # Ray picked the GPUs; the actor serves those
             gpus, visible = self._call(actor.gpu_ids.remote(), "its GPUs", READY_WAIT_S)
-            own = self._local_id.rpartition(":")[2]
-            if own.isdigit() and own not in gpus:
-                logger.warning(
-                    "%s: Ray gave its actor GPU %s (CUDA_VISIBLE_DEVICES=%s), not %s: it"
-                    " serves that one",
-                    self.device.id,
-                    ",".join(gpus),
-                    visible,
-                    own,
-                )
+            name, _, own = (members[0] if members else self._local_id).rpartition(":")
+            if gpus and own.isdigit() and (members or own not in gpus):
+                # the node's ids of the GPUs it serves: its telemetry is read from those
+                self.served = tuple(f"{name}:{gpu}" for gpu in gpus)
+                if not members:
+                    logger.warning(
+                        "%s: Ray gave its actor GPU %s (CUDA_VISIBLE_DEVICES=%s), not %s: it"
+                        " serves that one",
+                        self.device.id,
+                        ",".join(gpus),
+                        visible,
+                        own,
+                    )
         return actor
 
     def _placement(self) -> Any:

@@ -150,7 +150,10 @@ class RayBackend(Backend):
         :data:`TELEMETRY_WAIT_S`); a node that does not answer marks the device unhealthy."""
         with self._lock:
             agent, spec = self._agent_of[device_id], self._known[device_id]
-        members = spec.properties.get("members") or (spec.properties["node_device"],)
+            served = [h.served for h in self._hosts if h.device.id == device_id and h.served]
+        # the GPUs its actor serves (Ray's pick), else the device's own, or a group's members
+        members = served[0] if served else spec.properties.get("members")
+        members = members or (spec.properties["node_device"],)
         calls = [agent.telemetry.remote(str(local)) for local in members]  # a group: each GPU
         reads: list[Telemetry] = _ray().get(calls, timeout=TELEMETRY_WAIT_S)
         watts = [r.power_watts for r in reads if r.power_watts is not None]
