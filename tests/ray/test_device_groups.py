@@ -9,6 +9,8 @@ for longer than its lease ends itself (the lease reaper). Run by ``make test-ray
 from __future__ import annotations
 
 import pathlib
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,8 +22,10 @@ import ray
 from ray.cluster_utils import Cluster
 
 from hetero.framework.cluster import ray_cluster
+from hetero.framework.cluster.actor_link import DOOR_LEASE_MIN_S
 from hetero.framework.cluster.device_groups import placement_name
 from hetero.framework.cluster.lane_actor import LaneActor
+from hetero.framework.cluster.lane_start import actor_name
 from hetero.framework.cluster.ray_cluster import disconnect
 from hetero.framework.engine import Engine
 from hetero.framework.policy import load_policy_text
@@ -30,9 +34,11 @@ from hetero.framework.registry import default_registry
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import test_gpu_resources
 from test_gpu_resources import FAKE_GPUS, POLICY, FakeGpuAgent, plain_gpu_task
+from test_membership import next_report, reports
 from test_ray_cluster import node_args, short, until
 from test_self_healing import GRAPHS
 
+HERE = pathlib.Path(__file__).parent
 GROUPED = POLICY.replace(
     "heartbeat_s: 0.5}}", 'heartbeat_s: 0.5, device_groups: {{"sim:a100": 2}}}}'
 )
@@ -44,16 +50,23 @@ def cluster() -> Iterator[Cluster]:
     cluster = Cluster(initialize_head=True, head_node_args=node_args())
     cluster.add_node(**{**node_args(*FAKE_GPUS), "num_gpus": 2})
     cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="hetero")  # the policies' namespace
     yield cluster
     disconnect()
     ray.shutdown()
     cluster.shutdown()
 
 
+def placements(name: str) -> list[dict[str, Any]]:
+    """Every placement group named ``name`` the GCS lists (removed ones too)."""
+    return [pg for pg in ray.util.placement_group_table().values() if pg["name"] == name]
+
+
 def placement_state(name: str) -> dict[str, Any] | None:
-    """The placement group named ``name`` as the GCS lists it (None: never made)."""
-    found = [pg for pg in ray.util.placement_group_table().values() if pg["name"] == name]
-    return found[-1] if found else None
+    """The placement group named ``name`` that is not removed, else a removed one (None:
+    never made)."""
+    found = sorted(placements(name), key=lambda pg: pg["state"] == "REMOVED")
+    return found[0] if found else None
 
 
 def test_a_two_gpu_model_runs_in_a_placement_group_that_holds_both_gpus(
@@ -128,3 +141,42 @@ def test_an_actor_no_front_door_touches_for_its_lease_ends_itself(cluster: Clust
     assert time.monotonic() - started >= 2.0  # not before its lease ran out
     assert alive("touched")
     ray.kill(made["touched"])
+
+
+def test_a_crashed_last_front_door_leaves_no_actor_holding_the_gpus(cluster: Cluster) -> None:
+    """The front door that made the group's actor and placement group is SIGKILLed (it never
+    leaves): once its lease runs out the actor ends itself and removes its placement group,
+    so the GPUs are free again without ``ray stop``. The control: while the door lives and
+    touches the actor, longer than a lease, the GPUs stay held."""
+    worker = str(next(iter(cluster.worker_nodes)).node_id)
+    group = f"sim:a100-0+1@{short(worker)}"
+    door = subprocess.Popen(
+        [sys.executable, str(HERE / "gpu_front_door.py"), cluster.address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines = reports(door)
+        # its heartbeat has kept the actor past a lease (10 s), and it still holds the GPUs
+        report = next_report(lines, lambda r: r["up_s"] > 2 * DOOR_LEASE_MIN_S, 300)
+        assert report["device"] == group
+        assert ray.available_resources().get("GPU", 0) == 0
+        door.send_signal(signal.SIGKILL)
+        door.wait(timeout=30)
+    finally:
+        if door.poll() is None:
+            door.kill()
+            door.wait(timeout=30)
+    # nothing closes it: its lease runs out, and it ends itself and its placement group
+    assert until(lambda: ray.available_resources().get("GPU", 0) == 2, timeout_s=120)
+    removed = placement_state(placement_name(group))
+    assert removed is not None and removed["state"] == "REMOVED"
+    assert not alive_named(actor_name(group))
+
+
+def alive_named(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace="hetero")
+    except ValueError:
+        return False
+    return True
