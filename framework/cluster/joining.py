@@ -26,11 +26,14 @@ __all__ = ["Joining", "kind_of"]
 logger = logging.getLogger(__name__)
 
 
-def kind_of(device: DeviceSpec) -> tuple[str, str]:
-    """What makes two nodes' devices interchangeable for warming: the backend on the node and
-    the device's local id without its index (``cuda:3`` and ``cuda:0`` are one kind)."""
+def kind_of(device: DeviceSpec) -> tuple[str, str, int]:
+    """What makes two nodes' devices interchangeable for warming: the backend on the node,
+    the device's local id without its index (``cuda:3`` and ``cuda:0`` are one kind) and its
+    size as a device group (``vllm:cuda:0+1`` and ``vllm:cuda:2+3`` are one kind, not a
+    single GPU's)."""
     local = str(device.properties.get("node_device", device.id))
-    return str(device.properties.get("node_backend", device.backend)), local.rstrip("0123456789")
+    backend = str(device.properties.get("node_backend", device.backend))
+    return backend, local.rstrip("0123456789+"), int(device.properties.get("device_group", 1))
 
 
 class Joining:
@@ -46,7 +49,7 @@ class Joining:
     def start(self, devices: Iterable[DeviceSpec], peers: Iterable[RayModelHost]) -> None:
         """Warm each of ``devices`` with what ``peers`` of its kind hold (in the background);
         one with nothing to warm with is ready at once."""
-        by_kind: dict[tuple[str, str], list[RayModelHost]] = {}
+        by_kind: dict[tuple[str, str, int], list[RayModelHost]] = {}
         for peer in peers:
             by_kind.setdefault(kind_of(peer.device), []).append(peer)
         for device in devices:

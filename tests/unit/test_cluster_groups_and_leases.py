@@ -292,3 +292,13 @@ def test_a_vllm_engine_gets_the_gpus_its_device_names_among_those_it_sees() -> N
     # in a Ray actor that sees GPUs 2 and 3 only, index 0 is GPU 2 (not the node's GPU 0)
     assert visible_gpus("vllm:cuda:0+1", "2,3") == ["2", "3"]
     assert visible_gpus("vllm:cuda:0", "3") == ["3"]
+
+
+def test_groups_of_one_size_are_one_kind_for_warming_a_joining_node() -> None:
+    from hetero.framework.cluster.joining import kind_of
+
+    four = [(gpu(f"vllm:cuda:{i}"), frozenset({GraphFormat.VLLM})) for i in range(5)]
+    shaped = {s.id: s for s, _ in shape_node(four, {"vllm:cuda": 2}, 4)}
+    group = shaped[f"vllm:cuda:0+1@{NODE}"]
+    assert kind_of(group) == kind_of(shaped[f"vllm:cuda:2+3@{NODE}"])
+    assert kind_of(group) != kind_of(shaped[f"vllm:cuda:4@{NODE}"])  # a single GPU is not
