@@ -63,6 +63,9 @@ class PipelineStep:
 
     stage: str
     after: tuple[str, ...] = ()
+    waits: tuple[str, ...] = ()
+    """Steps it starts after without taking their outputs (a large input's parts, so only a
+    few of them are in flight at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,21 +81,24 @@ class Pipeline:
     steps: Mapping[str, PipelineStep]
     order: tuple[str, ...] = field(init=False)
     sinks: tuple[str, ...] = field(init=False, repr=False)
-    """Steps nothing waits for: their outputs make the response."""
+    """Steps whose outputs no other step takes: their outputs make the response."""
     after_of: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     """Each step's ``after`` as a plain dict (read-only): it is read for every step of every
     request, and a persistent map's lookup costs several times a dict's."""
+    starts_after: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    """Each step's ``after`` and ``waits`` together: what must be done before it starts."""
 
     def __post_init__(self) -> None:
         if not self.steps:
             raise PipelineError(f"pipeline {self.name!r} has no steps")
-        for step_name, step in self.steps.items():
-            for dep in step.after:
+        starts_after = {name: step.after + step.waits for name, step in self.steps.items()}
+        for step_name, deps in starts_after.items():
+            for dep in deps:
                 if dep not in self.steps:
                     raise PipelineError(
                         f"pipeline {self.name!r}: step {step_name!r} waits for unknown step {dep!r}"
                     )
-        sorter = TopologicalSorter({name: step.after for name, step in self.steps.items()})
+        sorter = TopologicalSorter(starts_after)
         try:
             order = tuple(sorter.static_order())
         except CycleError as err:
@@ -103,6 +109,7 @@ class Pipeline:
         object.__setattr__(
             self, "after_of", {name: step.after for name, step in self.steps.items()}
         )
+        object.__setattr__(self, "starts_after", starts_after)
         needed = {dep for step in self.steps.values() for dep in step.after}
         object.__setattr__(self, "sinks", tuple(name for name in order if name not in needed))
 
@@ -121,7 +128,7 @@ class Pipeline:
     def ready_steps(self, done: Collection[str], started: Collection[str]) -> list[str]:
         """Steps not yet started whose dependencies are all ``done``, in DAG order: the one
         readiness walk the engine and the simulator share."""
-        after = self.after_of
+        after = self.starts_after
         return [
             name
             for name in self.order

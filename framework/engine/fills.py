@@ -27,7 +27,8 @@ class CacheFills:
         self.engine = engine
 
     def lookup(self, graph: RequestGraph) -> dict[str, tuple[Any, str]]:
-        """First steps the feature cache answers, by step: (value, tier)."""
+        """Steps taking no other step's output (a first step, a large input's part) that the
+        feature cache answers, by step: (value, tier)."""
         hits: dict[str, tuple[Any, str]] = {}
         if self.engine.features is None or graph.variant not in (None, "full"):
             return hits

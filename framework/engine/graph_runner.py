@@ -191,14 +191,16 @@ class GraphRunner:
         nodes = graph.nodes
         if len(nodes) == 1:
             step, node = next(iter(nodes.items()))
-            if step == node.stage and not node.after:
+            if step == node.stage and not node.after and not node.waits:
                 pipeline = self.engine._single.get(step)
                 if pipeline is None:
                     pipeline = self.engine._single[step] = Pipeline(
                         step, {step: PipelineStep(step)}
                     )
                 return pipeline
-        steps = {step: PipelineStep(node.stage, node.after) for step, node in nodes.items()}
+        steps = {
+            step: PipelineStep(node.stage, node.after, node.waits) for step, node in nodes.items()
+        }
         return Pipeline(graph.name, steps)
 
     @staticmethod

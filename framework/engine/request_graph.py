@@ -40,6 +40,9 @@ class GraphNode:
     Attributes:
         stage: The engine's stage name (a rollout's canary has its own).
         after: Steps whose outputs it needs.
+        waits: Steps it starts after without taking their outputs: the parts of one large
+            input, each waiting for the part some places before it, so only a few are in
+            flight at once (other requests run between them).
         payload: What its plugin takes, when known at submit (a first step's input).
         compose: Builds its payload from its dependencies' outputs (by step name) when they
             are done; called once, on the engine's thread: keep it cheap (no I/O).
@@ -60,6 +63,7 @@ class GraphNode:
     items: int | None = None
     cache_key: Callable[[str], Any] | None = None
     answer: bool = True
+    waits: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

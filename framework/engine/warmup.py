@@ -105,10 +105,12 @@ class WarmUp:
         factor = now / kept[best]
         items = self.engine.plugins[stage].items(probe)
         scheduler = self.engine.scheduler
+        timings = self.engine.status[stage].timings
         with self.engine._lock:
             for device_id, seconds in kept.items():
                 if device_id != best and scheduler.shares_compute(device_id, best):
                     scheduler.calibrate(stage, device_id, seconds * factor, items)
+                    timings[device_id] = seconds * factor  # what placement now believes
 
     def _probe(
         self,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -158,6 +157,7 @@ class GraphCalls:
             items=spec.items,
             cache_key=key,
             answer=spec.answer,
+            waits=spec.waits,
         )
 
     async def _await(self, started: Started) -> GraphAnswer:
@@ -218,52 +218,38 @@ class GraphCalls:
     async def embed(
         self, texts: Sequence[str], *, caller: Caller, request_id: str | None = None
     ) -> tuple[np.ndarray[Any, Any], StageRun]:
-        """Embeddings of ``texts`` ``[N, 384]``, in parts the plugin cuts to what one model
-        call may hold, pipelined: the next part is queued while one runs (no round trip
-        between them), and no more than :data:`PARTS_IN_FLIGHT` at once, so a large request
-        holds the model a part at a time (others' requests run between its parts) and its
-        memory stays that of a few parts. Each part is a one-step request graph, looked up in
-        the feature cache by the engine under its texts, length-prefixed."""
+        """Embeddings of ``texts`` ``[N, 384]``: one request graph whose steps are the parts
+        the plugin cuts to what one model call may hold. Admission judges the whole request
+        at once; the engine runs no more than :data:`PARTS_IN_FLIGHT` parts at once (each
+        part starts after the one that many places before it), so a large request holds the
+        model a part at a time (others' requests run between its parts) and its memory
+        stays that of a few parts. Each part is looked up in the feature cache by the engine
+        under its texts, length-prefixed."""
         stage = self.serving.stage_of_kind("text_embed")
         plugin = stage.plugin
         parts = plugin.split(list(texts), self.engine_max_batch(stage, "full"))
-
-        async def one(part: list[str]) -> GraphAnswer:
-            step = Step(
+        names = (
+            [stage.name] if len(parts) == 1 else [f"{stage.name}#{n}" for n in range(len(parts))]
+        )
+        steps = {
+            name: Step(
                 stage,
                 part,
                 profile=plugin.profile(part),
                 content=step_content(part),
                 items=len(part),
+                waits=(names[n - PARTS_IN_FLIGHT],) if n >= PARTS_IN_FLIGHT else (),
             )
-            return await self.submit(
-                stage.name, {stage.name: step}, caller=caller, request_id=request_id
-            )
-
-        vectors: list[np.ndarray[Any, Any]] = []
-        runs: list[StageRun] = []
-        in_flight: deque[asyncio.Task[GraphAnswer]] = deque()
-
-        async def take_oldest() -> None:
-            answer = await in_flight.popleft()
-            value = np.asarray(answer.outputs[stage.name], dtype=np.float32)
-            vectors.append(value.reshape(len(parts[len(vectors)]), -1))
-            runs.append(answer.runs[stage.name])
-
-        try:
-            for part in parts:
-                in_flight.append(asyncio.create_task(one(part)))
-                if len(in_flight) == PARTS_IN_FLIGHT:
-                    await take_oldest()
-            while in_flight:
-                await take_oldest()
-        finally:
-            for task in in_flight:  # a part failed, or the client left: the rest go too
-                task.cancel()
-            if in_flight:  # and their outcomes are collected (none left unretrieved)
-                await asyncio.gather(*in_flight, return_exceptions=True)
+            for n, (name, part) in enumerate(zip(names, parts, strict=True))
+        }
+        answer = await self.submit(stage.name, steps, caller=caller, request_id=request_id)
+        vectors = [
+            np.asarray(answer.outputs[name], dtype=np.float32).reshape(len(part), -1)
+            for name, part in zip(names, parts, strict=True)
+        ]
         if len(parts) > 1:  # a large request: give its memory back to the OS
             await asyncio.to_thread(release_free_memory)
+        runs = [answer.runs[name] for name in names]
         ran = next((r for r in reversed(runs) if not r.cached), runs[-1])
         return np.concatenate(vectors), replace(ran, cached=all(r.cached for r in runs))
 

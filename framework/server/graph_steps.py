@@ -50,6 +50,7 @@ class Step:
     content: bytes | None = None
     items: int | None = None
     answer: bool = True
+    waits: tuple[str, ...] = ()  # steps it starts after, not taking their outputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,3 +188,62 @@ def test_a_request_refused_as_it_starts_gives_its_shares_back(engine: Any) -> No
 
 def _refuse(done: Mapping[str, Any]) -> Any:
     raise InvalidInputError("the prompt is over the limit")
+
+
+def test_parts_that_wait_run_a_few_at_a_time_and_are_all_answered(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large input's parts: each waits for the part two places before it (not taking its
+    output), so no more than two are queued or running at once; every part is answered, a
+    part the cache has is not run, and all parts are admitted together, once."""
+    running_engine, store, running = engine
+    store.values[("left", ("part", 5))] = ("left", "cached 5")
+    admitted: list[float] = []
+    admit = running_engine.admitter.admit
+
+    def counting(stage: str, *args: Any, **kwargs: Any) -> Any:
+        admitted.append(kwargs["items"])
+        return admit(stage, *args, **kwargs)
+
+    monkeypatch.setattr(running_engine.admitter, "admit", counting)
+    in_flight: list[int] = []
+    live = 0
+    enqueue, finish = running_engine.scheduler.enqueue, running_engine.outcomes.finish
+
+    def enqueueing(task: Any) -> Any:
+        nonlocal live
+        live += 1
+        in_flight.append(live)
+        return enqueue(task)
+
+    def finishing(outcome: Any) -> Any:
+        nonlocal live
+        live -= 1  # before the parts it unblocks are queued
+        return finish(outcome)
+
+    monkeypatch.setattr(running_engine.scheduler, "enqueue", enqueueing)
+    monkeypatch.setattr(running_engine.outcomes, "finish", finishing)
+    names = [f"part{n}" for n in range(6)]
+    nodes = {
+        name: GraphNode(
+            "left",
+            payload=f"p{n}",
+            items=2,
+            cache_key=lambda variant, n=n: ("part", n),
+            waits=(names[n - 2],) if n >= 2 else (),
+        )
+        for n, name in enumerate(names)
+    }
+    result = running_engine.submit_graph(RequestGraph("parts", nodes)).result(timeout=30)
+    assert result.outputs == {
+        name: ("left", "cached 5" if n == 5 else f"p{n}") for n, name in enumerate(names)
+    }
+    assert result.cached == {"part5": "memory"}
+    assert running == ["left"] * 5
+    assert admitted == [10]  # the parts the cache did not answer, judged as one request
+    assert len(in_flight) == 5 and max(in_flight) <= 2
+    # the control: without waiting, every part is queued at once
+    in_flight.clear()
+    free = {name: GraphNode("left", payload=f"q{n}") for n, name in enumerate(names)}
+    running_engine.submit_graph(RequestGraph("free", free)).result(timeout=30)
+    assert in_flight[:6] == [1, 2, 3, 4, 5, 6]

@@ -108,3 +108,25 @@ def test_the_speech_routes_are_one_graph_each(counted: tuple[httpx.Client, dict[
         record,
         lambda: http.post("/v1/speech/transcribe", files={"file": ("speech.wav", audio)}),
     )
+
+
+def test_a_large_embeddings_request_is_one_graph_of_parts(
+    counted: tuple[httpx.Client, dict[str, Any]],
+) -> None:
+    """More texts than one model call holds: one graph whose steps are the parts, each
+    queued only once the part two before it is done (never all at once)."""
+    http, record = counted
+    fresh = uuid.uuid4().hex[:8]
+    texts = [f"part of a large request {fresh} {n}" for n in range(200)]
+    response = _one_graph(
+        record,
+        lambda: http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": texts}),
+    )
+    assert [item["index"] for item in response.json()["data"]] == list(range(200))
+    live, most, queued = 0, 0, 0
+    for event, stage in record["events"]:
+        assert stage == "text_embed"
+        live += 1 if event == "queued" else -1
+        queued += event == "queued"
+        most = max(most, live)
+    assert queued >= 200 // 32 + 1 and most <= 2  # several parts, two at a time at most
