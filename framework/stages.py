@@ -87,6 +87,8 @@ class Pipeline:
     request, and a persistent map's lookup costs several times a dict's."""
     starts_after: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
     """Each step's ``after`` and ``waits`` together: what must be done before it starts."""
+    stage_of: dict[str, str] = field(init=False, repr=False, compare=False)
+    """Each step's stage as a plain dict (read-only), read as often as ``after_of``."""
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -110,6 +112,9 @@ class Pipeline:
             self, "after_of", {name: step.after for name, step in self.steps.items()}
         )
         object.__setattr__(self, "starts_after", starts_after)
+        object.__setattr__(
+            self, "stage_of", {name: step.stage for name, step in self.steps.items()}
+        )
         needed = {dep for step in self.steps.values() for dep in step.after}
         object.__setattr__(self, "sinks", tuple(name for name in order if name not in needed))
 

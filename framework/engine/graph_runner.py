@@ -218,9 +218,7 @@ class GraphRunner:
         future = state.future
         who = getattr(principal, "name", None)
         if shares is None:
-            shares = tuple(
-                dict.fromkeys(state.pipeline.steps[step].stage for step in state.variants)
-            )
+            shares = tuple(dict.fromkeys(state.pipeline.stage_of[step] for step in state.variants))
         with self.engine._lock:
             if self.engine._stopping:
                 raise ShedError("engine is shutting down", status=503)
@@ -235,7 +233,7 @@ class GraphRunner:
                 self.end(state)  # its queued steps dropped and its shares given back
                 if not isinstance(err, ShedError):
                     raise
-                stage = state.pipeline.steps[state.pipeline.order[0]].stage
+                stage = state.pipeline.stage_of[state.pipeline.order[0]]
                 self.engine.metrics.shed.labels(stage, "queue_full").inc()
                 self.engine.metrics.outcomes.labels(state.route, "shed").inc()
                 if isinstance(err, QueueFullError):
@@ -257,7 +255,7 @@ class GraphRunner:
 
     def authorize(self, pipeline: Pipeline, route: str, principal: Any, request_id: str) -> None:
         for step in pipeline.order:
-            stage = pipeline.steps[step].stage
+            stage = pipeline.stage_of[step]
             partition = self.engine.policy.stages[stage].partition
             if partition is None:
                 continue
@@ -301,7 +299,7 @@ class GraphRunner:
         while progressed:  # a cached step can make the next one ready at once
             progressed = False
             for step in state.ready_steps():
-                stage = state.pipeline.steps[step].stage
+                stage = state.pipeline.stage_of[step]
                 variant = state.variants.get(step) or (
                     state.variant if state.variant in stages[stage].variants else "full"
                 )
@@ -322,7 +320,7 @@ class GraphRunner:
                     qos_class=state.qos_class,
                     arrival=state.arrival,
                     deadline=state.deadline,
-                    inputs=tuple(state.outputs[dep] for dep in state.pipeline.steps[step].after),
+                    inputs=tuple(state.outputs[dep] for dep in state.pipeline.after_of[step]),
                     items=plugin.items(inputs) if plugin is not None else 1,
                     units=state.step_units.get(step, state.units),
                     enqueued_at=now,
@@ -344,9 +342,9 @@ class GraphRunner:
             }
             state.payloads[step] = compose(done)
             return state.payloads[step]
-        deps = state.pipeline.steps[step].after
+        deps = state.pipeline.after_of[step]
         payload = {dep: state.outputs[dep].value for dep in deps} if deps else state.payload
-        plugin = self.engine.plugins.get(state.pipeline.steps[step].stage)
+        plugin = self.engine.plugins.get(state.pipeline.stage_of[step])
         if not isinstance(plugin, GraphStage):
             return payload
         arrays: dict[str, Any] = dict(payload) if not deps else {}

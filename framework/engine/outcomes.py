@@ -129,7 +129,7 @@ class Outcomes:
     def result(self, state: RequestState) -> EngineResult:
         stages = self.engine.policy.stages
         had_light = any(
-            "light" in stages[step.stage].variants for step in state.pipeline.steps.values()
+            "light" in stages[stage].variants for stage in state.pipeline.stage_of.values()
         )
         answer = state.answer if state.answer is not None else state.pipeline.sinks
         return EngineResult(
@@ -150,7 +150,7 @@ class Outcomes:
         """A step's output fetched to the caller, masked for the caller's role where its
         stage touches a partition."""
         value = self.engine._fetched(state.outputs[step].value)
-        stage = state.pipeline.steps[step].stage
+        stage = state.pipeline.stage_of[step]
         if self.engine.gate is not None and self.engine.policy.stages[stage].partition is not None:
             return self.engine.gate.mask(state.principal, stage, value)
         return value
@@ -192,7 +192,7 @@ class Outcomes:
         """Run again the steps whose outputs ``task`` could not read (lock held): they were
         kept on a node that left. The task itself is queued again once they are done."""
         gone = set(error.devices)
-        after = state.pipeline.steps[task.step].after
+        after = state.pipeline.after_of[task.step]
         redoing = [dep for dep in after if dep not in state.outputs]  # a sibling's loss did it
         lost = [
             dep
@@ -256,7 +256,7 @@ class Outcomes:
             error.reason,
         )
         for step in lost:
-            self.engine.metrics.retries.labels(state.pipeline.steps[step].stage).inc()
+            self.engine.metrics.retries.labels(state.pipeline.stage_of[step]).inc()
             del state.outputs[step]
             state.devices.pop(step, None)
         return self.continue_(state)

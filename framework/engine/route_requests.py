@@ -70,7 +70,7 @@ class RouteRequests:
         self.engine.runner.authorize(pipeline, route, principal, request_id)
         if self.engine._stopping:
             raise ShedError("engine is shutting down", status=503)
-        first = pipeline.steps[pipeline.order[0]].stage
+        first = pipeline.stage_of[pipeline.order[0]]
         plugin = self.engine.plugins.get(first)
         items = plugin.items(payload) if plugin is not None else 1
         admitter = self.engine.admitter
