@@ -58,6 +58,7 @@ from hetero.framework.scheduler import (
     Scheduler,
     WallClock,
 )
+from hetero.framework.scheduler.kin import seed_from_kin
 from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.stage_cache import StageCache
 from hetero.framework.stage_plugin import StagePlugin, combined_hint
@@ -297,6 +298,7 @@ class Engine:
         with self._lock:
             self.fleet = dataclasses.replace(self.fleet, devices=self.fleet.devices + tuple(fresh))
             self.scheduler.add_devices(fresh, self.fleet.topology())
+            seed_from_kin(self.scheduler, fresh)  # from what an identical device measured
         self.dispatcher.kick()
 
     def resident(self) -> dict[str, list[str]]:
