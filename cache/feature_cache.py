@@ -43,6 +43,9 @@ SMOOTHING = 0.2
 SAMPLE_EVERY = 16
 WEIGH_OVER = 64  # lookups below memory in one weighing of the Bloom filter's place, at least
 _monotonic = time.monotonic
+# The clock of the costs timed while serving (the sampled reads, the Bloom check each weighing
+# re-times): a module name, so a test can run the weighing on a clock it drives.
+_perf = time.perf_counter
 
 
 def _median_cost(action: Callable[[], Any]) -> float:
@@ -123,8 +126,10 @@ class FeatureCache:
         )
         self._lower: list[_Tier] = [t for t in (self.disk, self.redis) if t is not None]
         self._cost: dict[str, float] = {}
-        self._miss_cost: dict[str, float] = {}  # a read of an absent key, per tier (the probe's)
-        self._bloom_cost = 0.0  # a Bloom check (the probe's)
+        # A read of an absent key, per tier, and a Bloom check: timed on the probe at start-up,
+        # then again at each weighing of the Bloom filter's place, smoothed (_weigh_bloom).
+        self._miss_cost: dict[str, float] = {}
+        self._bloom_cost = 0.0
         self._reads = 0
         # Whether the Bloom filter is asked before the lower tiers (_weigh_bloom): lookups that
         # went below memory, and those of them that missed, counted since the last weighing.
@@ -162,6 +167,7 @@ class FeatureCache:
 
     def _measure_tiers(self) -> None:
         probe = FeatureKeyProbe.make()
+        self._probe = probe  # absent from every tier after this: _weigh_bloom reads it again
         blob = encode(np.zeros(1280, np.float32))  # a 5 KB embedding
         for tier in self._lower:
             self._write(tier, probe, blob, ttl_s=60.0)
@@ -301,16 +307,32 @@ class FeatureCache:
     def _weigh_bloom(self) -> None:
         """Whether the Bloom filter should be asked before the lower tiers: it saves a read of
         each of them on a miss and costs its check on a hit, so it pays while the share of
-        lookups below memory that miss, times those reads of an absent key, exceeds the check (both
-        timed on the probe at start-up; the share counted over the lookups since the last
-        weighing, at least WEIGH_OVER of them). Called on the sampled reads: when the filter
-        answers every lookup (all misses) there is none, and it stays first."""
+        lookups below memory that miss, times those reads of an absent key, exceeds the check.
+        The share is counted over the lookups since the last weighing (at least WEIGH_OVER of
+        them). The costs are those of now, not the start-up probe's alone: each weighing times
+        again the probe's read in every lower tier (absent there) and a Bloom check of it, and
+        smooths them in as the tiers' read costs are (a store grows, a Redis link slows, a
+        filter outgrows the CPU's caches). That is one absent read per tier and one check per
+        WEIGH_OVER lookups below memory or more; the lookups themselves cannot time a miss
+        while the filter answers them. Called on the sampled reads: when the filter answers
+        every lookup (all misses) there is none, and it stays first."""
         below = self._rejected + self._reads
         misses = self._rejected + self._read_misses
         seen_below, seen_misses = self._below_seen
         if below - seen_below < WEIGH_OVER or not self._lower:
             return
         self._below_seen = (below, misses)
+        probe = self._probe
+        for tier in self._lower:
+            started = _perf()
+            tier.get(probe.text)
+            elapsed = _perf() - started
+            previous = self._miss_cost.get(tier.name, elapsed)
+            self._miss_cost[tier.name] = previous + SMOOTHING * (elapsed - previous)
+        started = _perf()
+        self.bloom.might_contain(probe.digest)
+        elapsed = _perf() - started
+        self._bloom_cost += SMOOTHING * (elapsed - self._bloom_cost)
         share = (misses - seen_misses) / (below - seen_below)
         missed = sum(self._miss_cost.get(tier.name, 0.0) for tier in self._lower)
         self._bloom_first = share * missed > self._bloom_cost
@@ -335,9 +357,9 @@ class FeatureCache:
         reordered after."""
         faster: list[_Tier] = []
         for tier in self._lower:
-            started = time.perf_counter()
+            started = _perf()
             blob = tier.get(key.text)
-            elapsed = time.perf_counter() - started
+            elapsed = _perf() - started
             self._latency[tier.name].observe(elapsed)
             previous = self._cost.get(tier.name, elapsed)
             self._cost[tier.name] = previous + SMOOTHING * (elapsed - previous)
