@@ -46,14 +46,14 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
     app.state.keyring = KeyRing(spec.server, spec.qos, frozenset(spec.sla_tiers))
     app.state.devices = device_list(registry)
     install_error_handlers(app)
+    if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements:
+        from hetero.framework.server import peer_api  # matched first (routes are tried in
+
+        app.include_router(peer_api.router)  # order), its two paths shadow no built-in one
     app.include_router(routes_openai.router)
     app.include_router(routes_modal.router)
     app.include_router(routes_ops.router)
     app.include_router(routes_admin.router)
-    if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements
-        from hetero.framework.server import peer_api
-
-        app.include_router(peer_api.router)
     add_policy_routes(app, spec.routes)  # last: a built-in path always wins
     describe_openapi(app, spec.server.limits)
     limits = spec.server.limits
