@@ -458,9 +458,12 @@ def _disk_figures(root: Path, key: Any) -> dict[str, Any]:
 
         # The raw read gives bytes; an L3 hit gives the array: the raw read plus the same decode
         # (checksum, array over the bytes) is the reference for what FeatureCache itself adds.
-        names = ["l3_hit", "disk_tier_get", "raw_lmdb_get", "raw_lmdb_get_and_decode"]
+        # l3_lookup: the same hit through FeatureCache.lookup, the read the engine and the
+        # server make (get is lookup's value alone, one call more).
+        names = ["l3_hit", "l3_lookup", "disk_tier_get", "raw_lmdb_get", "raw_lmdb_get_and_decode"]
         actions: list[Callable[[], Any]] = [
             lambda: disk.get(key),
+            lambda: disk.lookup(key),
             lambda: tier.get(text),
             raw_lmdb,
             raw_lmdb_and_decode,
@@ -523,6 +526,7 @@ def _ratios(results: dict[str, Any]) -> None:
     pairs = {
         "l3_over_raw_lmdb_p50": ("l3_hit", "raw_lmdb_get"),
         "l3_over_raw_lmdb_and_decode_p50": ("l3_hit", "raw_lmdb_get_and_decode"),
+        "l3_lookup_over_raw_lmdb_and_decode_p50": ("l3_lookup", "raw_lmdb_get_and_decode"),
         "disk_tier_over_raw_lmdb_p50": ("disk_tier_get", "raw_lmdb_get"),
         "raw_lmdb_over_raw_diskcache_p50": ("raw_lmdb_get", "raw_diskcache_get"),
         "l2_over_raw_redis_p50": ("l2_hit", "raw_redis_get"),

@@ -105,6 +105,7 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         "l1_hit",
         "bloom_rejected_miss",
         "l3_hit",
+        "l3_lookup",
         "disk_tier_get",
         "raw_lmdb_get",
         "raw_lmdb_get_and_decode",
