@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetero.framework.scheduler.breakers import BreakerState
+from hetero.framework.scheduler.completion import CompletionMixin
 from hetero.framework.scheduler.costs import StageCosts
-from hetero.framework.scheduler.state import SchedulerState
 from hetero.framework.scheduler.tables import StageTables
 from hetero.framework.scheduler.tasks import StageTask
 
@@ -34,7 +34,7 @@ class _Baselines:
     pinned: dict[str, tuple[StageCosts, np.ndarray]] = field(default_factory=dict)
 
 
-class PlacementMixin(SchedulerState):
+class PlacementMixin(CompletionMixin):
     """Eligibility masks and the choice of a device among them."""
 
     @functools.cached_property

@@ -51,7 +51,7 @@ class ResidencyMixin(PlacementMixin):
         wide = mask
         spread = bool(self._kv_keys) and self.placement == "cost_model" and self._continuous_llm()
         if spread:  # the spread narrows the candidates; the rest stay a fallback
-            mask = self._continuous_spread(tables, mask, kv_bytes, now)
+            mask = self._continuous_spread(task, tables, mask, kv_bytes, now)
         found = self._room_in(task, tables, mask, now, kv_bytes, overdue)
         if found is None and mask is not wide:
             found = self._room_in(task, tables, wide, now, kv_bytes, overdue)
@@ -125,14 +125,17 @@ class ResidencyMixin(PlacementMixin):
         return estimate / float(tables.slots[index])
 
     def _continuous_spread(
-        self, tables: StageTables, mask: np.ndarray, kv_bytes: int, now: float
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, kv_bytes: int, now: float
     ) -> np.ndarray:
         """Candidates for a task when LLMs batch continuously (docs/scheduler.md): a KV-cache
-        model's task goes to the devices not given a sequence of it within one prefill's
-        compute time (paced), of those memory-evenly and, of those, to the ones given a
-        sequence least recently; another model's task, on devices a continuous batch is
-        running on, goes to the fast devices with the fewest tasks in flight and, of those,
-        to the ones given a task of its stage least recently."""
+        model's task whose output length is known goes where it adds the least completion
+        time (:meth:`_soonest_done`); one whose length is not goes to the devices not given a
+        sequence of it within one prefill's compute time (paced), of those memory-evenly and,
+        of those, to the ones given a sequence least recently; another model's task, on
+        devices a continuous batch is running on, goes to the fast devices with the fewest
+        tasks in flight and, of those, to the ones given a task of its stage least recently."""
+        if kv_bytes and task.output_tokens:
+            return self._soonest_done(task, tables, mask, kv_bytes)
         if kv_bytes:
             placed = self._last_placed(tables.costs.key)
             # Only onto devices that take it without evicting (resident, or a replica in free
@@ -146,6 +149,25 @@ class ResidencyMixin(PlacementMixin):
             earliest: np.ndarray = even & (last <= last.min())
             return earliest
         return self._fewest_in_flight(tables, mask)
+
+    def _soonest_done(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, kv_bytes: int
+    ) -> np.ndarray:
+        """A sequence whose output length is known goes where it adds the least completion
+        time (:meth:`sequence_cost_s` plus its input's transfer), of the candidates that take
+        it without evicting where there are any; of equals, the one given a sequence of the
+        model least recently."""
+        room = self._without_eviction(tables, mask)
+        if np.count_nonzero(room):
+            mask = room
+        elif not np.count_nonzero(mask):
+            return mask
+        cost = self.sequence_cost_s(task, tables, mask, kv_bytes) + self._transfer(task, tables)
+        least = np.where(mask, cost, np.inf)
+        soonest = mask & (least <= least.min())
+        last = np.where(soonest, self._last_placed(tables.costs.key), np.inf)
+        earliest: np.ndarray = soonest & (last <= last.min())
+        return earliest
 
     def _last_placed(self, name: str) -> np.ndarray:
         """When each device was last given a sequence of KV-cache model ``name`` (a model

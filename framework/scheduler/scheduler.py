@@ -180,6 +180,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         # residency: when each device was last given a KV model's sequence or another
         # stage's task (continuous LLM spread), and the pace of a KV model's sequences
         self._spread_placed_at, self._kv_pace = {}, {}
+        self._kv_device_figures = {}  # per KV model: its pace and the inverse bandwidths
 
     def _fleet_arrays(self, count: int) -> None:
         """Per device: the work promised to it, its tasks in flight, its health, and its

@@ -68,6 +68,7 @@ class SchedulerState:
     _spread_placed_at: dict[str, np.ndarray]
     _kv_pace: dict[str, tuple[BandwidthHint, np.ndarray]]
     _kv_keys: tuple[str, ...]
+    _kv_device_figures: dict[str, tuple[BandwidthHint, np.ndarray, np.ndarray]]
 
     def _backlog_moved(self, index: int) -> None:
         """Device ``index``'s backlog changed: the bounded search's host floors of every

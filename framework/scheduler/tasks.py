@@ -41,6 +41,8 @@ class StageTask:
         attempts: Placements tried so far.
         kv_tokens: Tokens of context the request holds at its longest (prompt plus output),
             for a stage whose model keeps a KV cache: placement reserves their blocks.
+        output_tokens: Of ``kv_tokens``, the tokens the request generates (its decode
+            steps), for an LLM sequence's expected completion; 0: not known.
     """
 
     request_id: str
@@ -59,5 +61,6 @@ class StageTask:
     queued: bool = False
     enqueued_at: float = 0.0
     kv_tokens: int = 0
+    output_tokens: int = 0
     failures: dict[str, str] = field(default_factory=dict)
     id: int = field(default_factory=lambda: next(_task_ids))

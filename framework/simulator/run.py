@@ -371,6 +371,7 @@ class _Simulation:
                 inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
                 enqueued_at=self.clock.now(),
                 kv_tokens=run.request.text_tokens + run.request.output_tokens,
+                output_tokens=run.request.output_tokens,
                 units=self.admission.units(self._profile(stage, run.request)),
             )
             try:

@@ -1,0 +1,68 @@
+"""Where an LLM sequence finishes soonest: the expected completion of a sequence of a
+continuously batched KV-cache model on each candidate device, and what placing it there
+costs the sequences already running there (issue 36, docs/scheduler.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.framework.scheduler.state import SchedulerState
+from hetero.framework.scheduler.tables import StageTables
+from hetero.framework.scheduler.tasks import StageTask
+
+__all__ = ["CompletionMixin"]
+
+
+class CompletionMixin(SchedulerState):
+    """The marginal completion cost of a sequence on each device, from the roofline figures
+    of the model's hint and the device, the model's sequences already placed there and the KV
+    cache reserved there."""
+
+    def _kv_device_figures_of(self, tables: StageTables) -> tuple[np.ndarray, np.ndarray]:
+        """Per device: one nominal request's compute at the device's peak (its prefill, the
+        pace of :meth:`ResidencyMixin._kv_pace_s`), and one over the memory bandwidth. Kept
+        per model, made again when its hint or the fleet changes."""
+        hint = tables.costs.hint
+        kept = self._kv_device_figures.get(tables.costs.key)
+        if kept is not None and kept[0] is hint and kept[1].size == len(self.devices):
+            return kept[1], kept[2]
+        peaks = np.array([d.peak_flops_for(hint.dtype) for d in self.devices], dtype=float)
+        bandwidth = np.array([d.memory_bandwidth_bytes_per_s for d in self.devices], float)
+        pace = np.zeros(peaks.size)
+        np.divide(hint.flops_per_item, peaks, out=pace, where=peaks > 0)
+        inverse = np.zeros(bandwidth.size)
+        np.divide(1.0, bandwidth, out=inverse, where=bandwidth > 0)
+        self._kv_device_figures[tables.costs.key] = (hint, pace, inverse)
+        return pace, inverse
+
+    def sequence_cost_s(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, kv_bytes: int
+    ) -> np.ndarray:
+        """Per device of ``mask`` (infinity elsewhere), the seconds of completion time that
+        placing LLM sequence ``task`` there now adds up over the sequences of the device:
+        its own expected completion plus what it costs those already running.
+
+        Its own: the model's load where it is not resident, its input's transfer, one
+        prefill (a nominal request's compute at the device's peak), its ``output_tokens``
+        decode steps, each reading the weights plus the KV cache reserved on the device and
+        its own at the device's memory bandwidth (decode is memory-bound), and a prefill
+        stall for each of the ``m`` sequences of the model already there (each leaves before
+        it does, and the sequence that takes its place stalls every running decode for a
+        prefill). What it costs the others: its own prefill stalls each of the ``m``, and its
+        KV cache slows each of their steps for about half its output. Roofline figures
+        throughout: the measured correction of an LLM sequence mixes in the batch it ran in,
+        so it does not rank devices here. ``kv_bytes``: the task's KV reservation."""
+        pace, inverse = self._kv_device_figures_of(tables)
+        indices = np.flatnonzero(mask)
+        running = tables.pending[indices]
+        reserved = np.array([self.memory[i].kv_reserved for i in indices.tolist()], float)
+        held = tables.resident_bytes[indices] + reserved + kv_bytes
+        own = (
+            tables.load_now[indices]
+            + pace[indices] * (1.0 + running)
+            + task.output_tokens * held * inverse[indices]
+        )
+        others = running * (pace[indices] + 0.5 * task.output_tokens * kv_bytes * inverse[indices])
+        cost = np.full(len(self.devices), np.inf)
+        cost[indices] = own + others
+        return cost
