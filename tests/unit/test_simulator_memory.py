@@ -58,17 +58,23 @@ class _Forgetful(_Checked):
             _Forgetful.forgot = True
 
 
-SCENARIOS = {  # policy, workload
-    "warmup": ("benchmarks/scenarios/warmup/policy.yaml", "benchmarks/scenarios/warmup"),
-    "thrash": ("benchmarks/scenarios/thrash/policy.yaml", "benchmarks/scenarios/thrash"),
-    "8xa100 with KV": ("policies/sim/8xa100.yaml", "benchmarks/fleet"),
+SCENARIOS = {  # policy, workload file
+    "warmup": (
+        "benchmarks/scenarios/warmup/policy.yaml",
+        "benchmarks/scenarios/warmup/workload.yaml",
+    ),
+    "thrash": (
+        "benchmarks/scenarios/thrash/policy.yaml",
+        "benchmarks/scenarios/thrash/workload.yaml",
+    ),
+    "8xa100 with KV": ("policies/sim/8xa100.yaml", "framework/bench/fleet_workload.yaml"),
 }
 
 
 def _run(cls: type[_Checked], scenario: str, placement: str, eviction: str, **spec: Any) -> None:
-    policy_path, workload_folder = SCENARIOS[scenario]
+    policy_path, workload_file = SCENARIOS[scenario]
     policy = load_policy(REPO / policy_path)
-    workload = load_workload(REPO / workload_folder / "workload.yaml")
+    workload = load_workload(REPO / workload_file)
     workload = Workload(workload.spec.model_copy(update=spec), workload.source)
     fleet = resolve_fleet(policy, Registry(use_entry_points=False))
     simulation = cls(policy, fleet.devices, fleet.topology(), workload, placement, eviction)

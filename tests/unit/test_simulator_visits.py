@@ -28,25 +28,25 @@ from hetero.framework.simulator.workload import Workload
 
 REPO = Path(__file__).resolve().parents[2]
 
-SCENARIOS = {  # policy, workload folder, what of the workload is cut
+SCENARIOS = {  # policy, workload file, what of the workload is cut
     "thrash": (
         "benchmarks/scenarios/thrash/policy.yaml",
-        "benchmarks/scenarios/thrash",
+        "benchmarks/scenarios/thrash/workload.yaml",
         {"duration_s": 120.0, "warmup_s": 10.0},
     ),
     "mixed-fleet": (
         "policies/sim/mixed-fleet.yaml",
-        "benchmarks/scenarios/mixed-fleet",
+        "benchmarks/scenarios/mixed-fleet/workload.yaml",
         {"duration_s": 4.0, "warmup_s": 1.0},
     ),
     "8xa100 with KV": (
         "policies/sim/8xa100.yaml",
-        "benchmarks/fleet",
+        "framework/bench/fleet_workload.yaml",
         {"duration_s": 2.0, "warmup_s": 0.5},
     ),
     "warmup": (
         "benchmarks/scenarios/warmup/policy.yaml",
-        "benchmarks/scenarios/warmup",
+        "benchmarks/scenarios/warmup/workload.yaml",
         {"duration_s": 5400.0, "warmup_s": 1800.0},
     ),
 }
@@ -71,7 +71,7 @@ class _TimerBlind(_Simulation):
 def _figures(cls: type[_Simulation], scenario: str, eviction: str) -> dict[str, Any]:
     policy_path, folder, cut = SCENARIOS[scenario]
     policy = load_policy(REPO / policy_path)
-    workload = load_workload(REPO / folder / "workload.yaml")
+    workload = load_workload(REPO / folder)
     workload = Workload(workload.spec.model_copy(update=cut), workload.source)
     fleet = resolve_fleet(policy, Registry(use_entry_points=False))
     simulation = cls(policy, fleet.devices, fleet.topology(), workload, "cost_model", eviction)
