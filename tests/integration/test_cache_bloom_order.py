@@ -157,7 +157,7 @@ def test_the_weighing_follows_the_costs_as_they_are_now_not_the_start_up_probes(
     asked = calls["bloom"] - before
     half_misses(disk_only, stored, 20, "c")
     assert calls["bloom"] - before - asked <= 320 // 64  # the weighings' own timed checks only
-    # The check gets slow instead (a filter grown past the CPU's caches): back to misses that
+    # The check gets slow instead (its bits pushed out of the CPU's caches): back to misses that
     # cost three checks, and a check that costs two: still 0.5 x 3 < 2, the filter stays out.
     costs.disk_miss, costs.bloom = DISK_MISS_S, 2 * BLOOM_S
     half_misses(disk_only, stored, 400, "d")
