@@ -312,10 +312,10 @@ class FeatureCache:
         them). The costs are those of now, not the start-up probe's alone: each weighing times
         again the probe's read in every lower tier (absent there) and a Bloom check of it, and
         smooths them in as the tiers' read costs are (a store grows, a Redis link slows, other
-        work pushes the filter out of the CPU's caches). That is one absent read per tier and one check per
-        WEIGH_OVER lookups below memory or more; the lookups themselves cannot time a miss
-        while the filter answers them. Called on the sampled reads: when the filter answers
-        every lookup (all misses) there is none, and it stays first."""
+        work pushes the filter out of the CPU's caches). That is one absent read per tier and
+        one check per WEIGH_OVER lookups below memory or more; the lookups themselves cannot
+        time a miss while the filter answers them. Called on the sampled reads: when the
+        filter answers every lookup (all misses) there is none, and it stays first."""
         below = self._rejected + self._reads
         misses = self._rejected + self._read_misses
         seen_below, seen_misses = self._below_seen
