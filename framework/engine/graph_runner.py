@@ -318,7 +318,9 @@ class GraphRunner:
                     step=step,
                     variant=variant,
                     qos_class=state.qos_class,
-                    arrival=state.arrival,
+                    # a part that waited for an earlier part ranks as arriving now, so the
+                    # requests that came meanwhile run between a large request's parts
+                    arrival=now if state.pipeline.steps[step].waits else state.arrival,
                     deadline=state.deadline,
                     inputs=tuple(state.outputs[dep] for dep in state.pipeline.after_of[step]),
                     items=plugin.items(inputs) if plugin is not None else 1,

@@ -67,6 +67,9 @@ class WarmUp:
         return failed
 
     def _warm_stage(self, stage: str, report: Progress) -> str:
+        timings = self.engine.status[stage].timings
+        for device_id in [d for d, t in timings.items() if isinstance(t, str)]:
+            del timings[device_id]  # why a device could not run it: judged afresh below
         plugin = self.engine.plugins[stage]
         plugin.prepare()
         plugin.setup()

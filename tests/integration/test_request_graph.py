@@ -8,6 +8,7 @@ given), so the tests judge the engine's orchestration only."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -247,3 +248,48 @@ def test_parts_that_wait_run_a_few_at_a_time_and_are_all_answered(
     free = {name: GraphNode("left", payload=f"q{n}") for n, name in enumerate(names)}
     running_engine.submit_graph(RequestGraph("free", free)).result(timeout=30)
     assert in_flight[:6] == [1, 2, 3, 4, 5, 6]
+
+
+class Gated(Echo):
+    """Echo that records each payload it runs and holds the first one (``p0``) until the
+    test lets it go."""
+
+    def __init__(self, stage: str, running: list[str]) -> None:
+        super().__init__(stage, running)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        if "p0" in payloads:
+            self.started.set()
+            assert self.release.wait(timeout=30)
+        self.running.extend(str(payload) for payload in payloads)
+        return [(self.stage, payload) for payload in payloads]
+
+
+def test_requests_that_arrive_during_a_large_one_run_between_its_parts() -> None:
+    """A part queued once an earlier part is done ranks as arriving then: a small request
+    sent while the first part runs is served before the parts queued after it, not after
+    the whole large request (with the request's own arrival time on every part, it ran
+    last)."""
+    order: list[str] = []
+    gated = Gated("left", order)
+    plugins = {"left": gated, "right": Echo("right", []), "join": Echo("join", [])}
+    one_device = POLICY + 'devices: {allow: ["npu:onnxruntime/CPUExecutionProvider"]}\n'
+    policy = load_policy_text(one_device, "graph.yaml")  # one lane: one part at a time
+    with Engine(policy, Registry(), plugins=plugins) as running_engine:
+        running_engine.warm_up()
+        order.clear()
+        names = [f"p{n}" for n in range(6)]
+        nodes = {
+            name: GraphNode("left", payload=name, waits=(names[n - 2],) if n >= 2 else ())
+            for n, name in enumerate(names)
+        }
+        large = running_engine.submit_graph(RequestGraph("large", nodes))
+        assert gated.started.wait(timeout=30)  # p0 runs, p1 is queued
+        small = running_engine.submit_graph(
+            RequestGraph("small", {"s": GraphNode("left", payload="s0")})
+        )
+        gated.release.set()
+        large.result(timeout=30), small.result(timeout=30)
+    assert order == ["p0", "p1", "s0", "p2", "p3", "p4", "p5"]

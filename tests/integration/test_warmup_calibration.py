@@ -158,9 +158,10 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         # Warmed up again (a reload, a failed stage retried): why a runtime is idle is
         # judged afresh, and what was said of a device no longer there goes.
         status.idle["npu:gone/CPU"] = "slower: a device that left"
+        status.timings["npu:gone/CPU"] = "unavailable: a device that left"
         status.state = "pending"
         assert second.warm_up() == {}
-        assert status.idle.keys() == {idle}
+        assert status.idle.keys() == {idle} and "npu:gone/CPU" not in status.timings
     finally:
         second.close()
 
