@@ -30,9 +30,11 @@ class StageTask:
         step: Step name in the pipeline.
         variant: ``full`` or ``light`` (chosen by the complexity breaker).
         qos_class: QoS class name.
-        arrival: When the request arrived (aging counts from here).
-        deadline: Arrival plus the SLA tier's deadline.
-        inputs: Output handles of the steps it waits for (or the payload's, for a source step).
+        arrival: When the request arrived (aging counts from here); for a part of a large
+            input that waited for an earlier part, when it was queued.
+        deadline: The request's arrival plus the SLA tier's deadline.
+        inputs: Output handles of the steps whose outputs it takes (or the payload's, for a
+            source step).
         items: Items in this task (a batch dimension), for cost estimates.
         units: The request's complexity units (its profile's weighted sum), for the pace
             admission estimates with.
