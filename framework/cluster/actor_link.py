@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.cluster.device_groups import group_bundles, placement_name
+from hetero.framework.cluster.device_groups import device_placement, group_bundles
 from hetero.framework.cluster.lane_actor import LaneActor, StageMissingError
 from hetero.framework.cluster.lane_start import (
     READY_WAIT_S,
@@ -24,6 +24,7 @@ from hetero.framework.cluster.lane_start import (
     restarted,
     wait_gone,
 )
+from hetero.framework.cluster.reap import peers_done
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, CONTROL_THREADS
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.errors import DeviceUnhealthyError
@@ -33,7 +34,7 @@ from hetero.framework.stage_plugin import StagePlugin
 if TYPE_CHECKING:
     from hetero.framework.cluster.ray_cluster import RayBackend
 
-__all__ = ["CLOSE_WAIT_S", "ActorLink", "Warmth"]
+__all__ = ["CLOSE_WAIT_S", "ActorLink", "Warmth", "heal_wait_s"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,19 @@ DEFAULT_HEARTBEAT_S = 2.0  # (cluster.heartbeat_s)
 DOOR_LEASE_BEATS = 5  # a front door not heard from for this many heartbeats counts as gone
 DOOR_LEASE_MIN_S = 10.0
 HEAL_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # waits between tries to heal; the last repeats
+HEAL_FAST_TRIES = 10  # failed tries to heal before the waits between them grow to HEAL_SLOW_S
+HEAL_SLOW_S = 600.0  # the wait between tries once HEAL_FAST_TRIES failed (logged once)
 # what a device's actor is given to be warm: its stages' plugins, its resident models' loads
 Warmth = tuple[dict[str, StagePlugin], dict[str, tuple[GraphFormat, int]]]
+
+
+def heal_wait_s(tries: int) -> float:
+    """The wait before the next try to heal a device after ``tries`` failed ones: growing along
+    :data:`HEAL_RETRY_S`, then :data:`HEAL_SLOW_S` once :data:`HEAL_FAST_TRIES` failed (each
+    try may wait a load's timeout: a device that does not come back costs little)."""
+    if tries + 1 >= HEAL_FAST_TRIES:
+        return HEAL_SLOW_S
+    return HEAL_RETRY_S[min(tries, len(HEAL_RETRY_S) - 1)]
 
 
 class ActorLink:
@@ -118,9 +130,11 @@ class ActorLink:
         ray = self._backend.ray()
         strategies = ray.util.scheduling_strategies
         members = tuple(str(m) for m in self.device.properties.get("members") or ())
-        if members:  # a device group: its actor runs in the group's placement group
+        peers = tuple(str(p) for p in self.device.properties.get("gpu_peers") or ())
+        placement = device_placement(self.device)
+        if placement:  # a device group, or a GPU its views share: in that placement group
             strategy = strategies.PlacementGroupSchedulingStrategy(
-                self._placement(),
+                self._placement(placement),
                 placement_group_bundle_index=0,
                 placement_group_capture_child_tasks=True,
             )
@@ -133,9 +147,15 @@ class ActorLink:
             self.device.id,
             lease_s=self._lease_s,
             members=members,
-            shares=tuple(self.device.properties.get("gpu_shares") or ()),
+            peers=peers,
+            # a call in progress longer than a door waits for one, and a lease, is hung
+            call_limit_s=self._call_timeout_s + self._load_timeout_s + self._lease_s,
         )
-        self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
+        try:
+            self._call(actor.ready.remote(), "its actor's start", READY_WAIT_S)
+        except BaseException:  # it never answered: its placement group is not left behind
+            self._give_up(actor, placement)
+            raise
         self._incarnation = self._touch(actor)
         if "num_gpus" in options or members:  # Ray picked the GPUs; the actor serves those
             gpus, visible = self._call(actor.gpu_ids.remote(), "its GPUs", READY_WAIT_S)
@@ -154,22 +174,51 @@ class ActorLink:
                     )
         return actor
 
-    def _placement(self) -> Any:
-        """A device group's placement group: the one on the cluster (another front door made
-        it, or this one before its actor died), else a new one, ready on the group's node."""
+    def _give_up(self, actor: Any, placement: str | None) -> None:
+        """End an actor that never answered, and remove its placement group where no other
+        device's actor uses it (a device group's is its own; a shared GPU's, its peers')."""
         ray = self._backend.ray()
-        name = placement_name(self.device.id)
+        try:
+            ray.kill(actor)
+        except Exception as err:  # never started
+            logger.debug("%s: ending its actor that did not start: %s", self.device.id, err)
+        if placement:
+            self.release_placement(placement)
+
+    def release_placement(self, name: str) -> None:
+        """Remove the placement group ``name`` this device's actor ran in (it is gone), unless
+        another device's actor still uses it (a GPU its views share: cluster/reap.py)."""
+        ray = self._backend.ray()
+        peers = tuple(str(p) for p in self.device.properties.get("gpu_peers") or ())
+        if peers and not peers_done(ray, peers, self._namespace):
+            return  # the last of them to end removes it
+        try:
+            ray.util.remove_placement_group(ray.util.get_placement_group(name))
+        except Exception as err:  # gone already (its lease ended it), or its node is
+            logger.debug("%s: removing its placement group: %s", self.device.id, err)
+
+    def _placement(self, name: str) -> Any:
+        """The device's placement group (a device group's, or its GPU's where its views share
+        it): the one on the cluster (another front door made it, a view of the same GPU, or
+        this one before its actor died), else a new one, ready on the device's node."""
+        ray = self._backend.ray()
         try:
             return ray.util.get_placement_group(name)
         except ValueError:  # none yet
             pass
-        placement = ray.util.placement_group(
-            group_bundles(self.device),
-            strategy="STRICT_PACK",
-            name=name,
-            lifetime="detached",
-            _soft_target_node_id=self._node_id,
-        )
+        try:
+            placement = ray.util.placement_group(
+                group_bundles(self.device),
+                strategy="STRICT_PACK",
+                name=name,
+                lifetime="detached",
+                _soft_target_node_id=self._node_id,
+            )
+        except Exception as err:  # another front door made it meanwhile: that one
+            try:
+                return ray.util.get_placement_group(name)
+            except ValueError:
+                raise err from None
         try:
             self._call(placement.ready(), "its placement group", READY_WAIT_S)
             nodes = set(ray.util.placement_group_table(placement)["bundles_to_node_id"].values())
@@ -276,8 +325,8 @@ class ActorLink:
 
     def _heal(self) -> None:
         """Bring the device back warm (:meth:`_heal_once`), trying again after
-        :data:`HEAL_RETRY_S` (each wait longer, the last repeated) while it fails, until it
-        comes back, the device is closed, or its node is gone (the heartbeat then names the
+        :func:`heal_wait_s` (each wait longer, then every :data:`HEAL_SLOW_S`) while it fails,
+        until it comes back, the device is closed, or its node is gone (the heartbeat then names the
         node "left"); only then is the device readmitted."""
         began, tries, before = time.monotonic(), 0, self._incarnation
         try:
@@ -285,7 +334,7 @@ class ActorLink:
                 try:
                     healed = self._heal_once(before)
                 except Exception as err:
-                    wait_s = HEAL_RETRY_S[min(tries, len(HEAL_RETRY_S) - 1)]
+                    wait_s = heal_wait_s(tries)
                     tries += 1
                     if not self._backend.node_alive(self._node_id):
                         logger.warning(
@@ -295,14 +344,18 @@ class ActorLink:
                             err,
                         )
                         return
-                    logger.warning(
-                        "%s: its actor did not come back (%s); it stays out, tried again in"
-                        " %g s (try %d)",
-                        self.device.id,
-                        err,
-                        wait_s,
-                        tries,
-                    )
+                    if tries <= HEAL_FAST_TRIES:
+                        logger.warning(
+                            "%s: its actor did not come back (%s); it stays out, tried again"
+                            " in %g s (try %d)%s",
+                            self.device.id,
+                            err,
+                            wait_s,
+                            tries,
+                            f"; from now on every {HEAL_SLOW_S:g} s, unlogged"
+                            if tries == HEAL_FAST_TRIES
+                            else "",
+                        )
                     if self._closed.wait(wait_s):  # closed meanwhile: nothing to heal
                         return
                     continue

@@ -15,17 +15,24 @@ is in one group or on its own, never both); a remainder short of a group stays o
 stage runs there as on any device; the policy pins it there the usual ways (``devices.allow``,
 ``server.runtimes``).
 
-The group's actor runs inside a **placement group** of one bundle per member GPU (``{GPU: 1}``,
-or the member's share where another device of the node is a view of the same GPU),
-``STRICT_PACK`` on the group's node (bundles that also hold the members' ``hetero/<device>``
-shares where the node advertises them; else Ray's soft node target, checked once placed).
-The placement group is named after the device and detached, like the actor: every front door
-gets the same one, and the last to leave removes it. The actor itself asks for no GPU: it
-learns the GPUs Ray reserved for the bundles (one probe task per bundle), makes them the
-``CUDA_VISIBLE_DEVICES`` of the processes it starts, and opens the group on the node's backend
-under the ids those processes see (``vllm:cuda:0+1``); the vllm backend runs a group's engine
-with ``tensor_parallel_size`` = its member count (vLLM's own workers, one per GPU). While the
-placement group lives, Ray hands its GPUs to no other job.
+The group's actor runs inside a **placement group** of one bundle per member GPU, each the
+whole GPU (``{GPU: 1}``: Ray packs fractional GPU requests onto a GPU already partly used, so
+two half-GPU bundles could land on one GPU), ``STRICT_PACK`` on the group's node (bundles that
+also hold the members' ``hetero/<device>`` shares where the node advertises them; else Ray's
+soft node target, checked once placed). A grouped GPU serves the group alone: the node's other
+views of it (``cuda:0`` beside ``vllm:cuda:0+1``) leave the fleet. The placement group is named
+after the device and detached, like the actor: every front door gets the same one, and the last
+to leave removes it. The actor itself asks for no GPU: it learns the GPUs Ray reserved for the
+bundles (one probe task per bundle), fails unless they are as many as its members, makes them
+the ``CUDA_VISIBLE_DEVICES`` of the processes it starts, and opens the group on the node's
+backend under the ids those processes see (``vllm:cuda:0+1``); the vllm backend runs a group's
+engine with ``tensor_parallel_size`` = its member count (vLLM's own workers, one per GPU).
+While the placement group lives, Ray hands its GPUs to no other job.
+
+A single GPU that several devices of the node view (``cuda:0`` and ``vllm:cuda:0``) gets a
+placement group of its own (``hetero-gpu:cuda:0@<node>``): one bundle, the whole GPU and each
+view's resource share; each view's actor runs in it asking for its part of the GPU, so every
+view gets the same GPU. The last of the views' actors to end removes it (:mod:`.reap`).
 """
 
 from __future__ import annotations
@@ -42,20 +49,24 @@ from hetero.framework.devices import DeviceSpec
 from hetero.framework.graph import GraphFormat
 
 __all__ = [
+    "GPU_PREFIX",
     "GROUP_PREFIX",
     "adopt",
     "bundle_gpus",
+    "device_placement",
     "group_bundles",
     "group_gpus",
     "open_group",
     "placement_name",
     "shape_node",
+    "share",
     "visible_env",
 ]
 
 logger = logging.getLogger(__name__)
 
 GROUP_PREFIX = "hetero-group:"  # a device group's placement group: this and the device id
+GPU_PREFIX = "hetero-gpu:"  # a GPU's that several devices view: this and ``<gpu>@<node>``
 Lent = tuple[DeviceSpec, frozenset[GraphFormat]]
 
 
@@ -79,25 +90,44 @@ def _physical(spec: DeviceSpec) -> str:
 
 def shape_node(lent: list[Lent], groups: Mapping[str, int], gpus: float) -> list[Lent]:
     """A node's devices as the fleet takes them: the policy's groups formed (members replaced
-    by their group) on a node with enough GPUs, and each GPU device told how many of the
-    node's devices are views of its GPU (``node_gpu_views``: they share it)."""
+    by their group) on a node with enough GPUs; the other views of a grouped GPU left out (a
+    group holds its GPUs whole); and each GPU that several devices of the node view (``cuda:0``
+    and ``vllm:cuda:0``) given to them through one placement group of its own (:func:`share`)."""
     shaped = list(lent)
     for key, size in groups.items():
         shaped = _group(shaped, key.rstrip(":-"), size, gpus)
-    views: dict[str, int] = {}
-    for spec, _ in shaped:
-        if spec.device_class in GPU_CLASSES:
-            for physical in spec.properties.get("physical_members") or (_physical(spec),):
-                views[str(physical)] = views.get(str(physical), 0) + 1
+    grouped = {str(p) for spec, _ in shaped for p in spec.properties.get("physical_members") or ()}
+    views: dict[str, list[str]] = {}
     out: list[Lent] = []
     for spec, formats in shaped:
-        if spec.properties.get("device_group"):
-            out.append((_share_bundles(spec, views), formats))
-        elif spec.device_class in GPU_CLASSES:
-            out.append((_with(spec, node_gpu_views=views.get(_physical(spec), 1)), formats))
-        else:
-            out.append((spec, formats))
-    return out
+        single = spec.device_class in GPU_CLASSES and not spec.properties.get("device_group")
+        if single and _physical(spec) in grouped:
+            logger.info("%s: its GPU is in a device group, which holds it whole", spec.id)
+            continue
+        if single:
+            views.setdefault(_physical(spec), []).append(spec.id)
+        out.append((spec, formats))
+    return [(share(spec, views), formats) for spec, formats in out]
+
+
+def share(spec: DeviceSpec, views: Mapping[str, Sequence[str]]) -> DeviceSpec:
+    """A single GPU device told how many of the node's devices view its GPU
+    (``node_gpu_views``); where that is more than one, the placement group they share
+    (``gpu_placement``: one bundle holding the whole GPU, so Ray gives every view the same
+    one) and the other views' fleet ids (``gpu_peers``: the last of them to end removes it)."""
+    if spec.device_class not in GPU_CLASSES or spec.properties.get("device_group"):
+        return spec
+    physical = _physical(spec)
+    viewers = list(views.get(physical, (spec.id,)))
+    if len(viewers) < 2 or float(spec.properties.get("node_gpus", 0)) < 1:
+        return _with(spec, node_gpu_views=len(viewers))
+    return _with(
+        spec,
+        node_gpu_views=len(viewers),
+        gpu_placement=f"{GPU_PREFIX}{physical}@{spec.host}",
+        gpu_peers=tuple(v for v in viewers if v != spec.id),
+        gpu_viewers=tuple(str(v).rsplit("@", 1)[0] for v in viewers),
+    )
 
 
 def _with(spec: DeviceSpec, **properties: Any) -> DeviceSpec:
@@ -164,42 +194,46 @@ def _one_group(chunk: Sequence[Lent]) -> Lent:
     return spec, formats
 
 
-def _share_bundles(spec: DeviceSpec, views: Mapping[str, int]) -> DeviceSpec:
-    """A group's part of each member GPU (1, or 1/k where k devices of the node view it)."""
-    if not spec.properties.get("device_group"):
-        return spec
-    physical = spec.properties["physical_members"]
-    shares = tuple(1.0 / max(1, views.get(str(p), 1)) for p in physical)
-    return _with(spec, gpu_shares=shares)
-
-
 def group_bundles(device: DeviceSpec) -> list[dict[str, float]]:
-    """The placement group's bundles of a device group: one per member GPU, each its share
-    of that GPU and, where the node advertises them, a share of the member's resource (which
-    pins the bundles to the node)."""
+    """The bundles of a device's placement group. A device group's: one per member GPU, each
+    that whole GPU (Ray packs fractional GPU requests onto a GPU already partly used, so two
+    half-GPU bundles could share one GPU) and, where the node advertises them, a share of the
+    member's resource (which pins the bundles to the node). A GPU its views share: one bundle,
+    that whole GPU and a share of each view's resource."""
+    reserved = bool(device.properties.get("reserved"))
+    if device.properties.get("gpu_placement"):  # one GPU, several views
+        views = [str(v) for v in device.properties.get("gpu_viewers") or ()]
+        return [_whole_gpu(views if reserved else [])]
     members = [str(m) for m in device.properties["members"]]
-    shares = device.properties.get("gpu_shares") or tuple(1.0 for _ in members)
-    bundles = []
-    for member, share in zip(members, shares, strict=True):
-        bundle = {"GPU": float(share)}
-        if device.properties.get("reserved"):
-            bundle[device_resource(member)] = LANE_SHARE
-        bundles.append(bundle)
-    return bundles
+    return [_whole_gpu([member] if reserved else []) for member in members]
 
 
-def bundle_gpus(ray: Any, placement: Any, shares: Sequence[float]) -> list[str]:
-    """The GPU ids Ray reserved for each bundle of ``placement`` (one probe task per bundle,
-    asking for that bundle's GPU share), in bundle order."""
+def _whole_gpu(holding: Sequence[str]) -> dict[str, float]:
+    return {"GPU": 1.0, **{device_resource(name): LANE_SHARE for name in holding}}
+
+
+def device_placement(device: DeviceSpec) -> str | None:
+    """The name of the placement group ``device``'s actor runs in: its GPU's where several
+    devices view it, its own where it is a device group; None where it runs in none."""
+    if device.properties.get("gpu_placement"):
+        return str(device.properties["gpu_placement"])
+    if device.properties.get("device_group"):
+        return placement_name(device.id)
+    return None
+
+
+def bundle_gpus(ray: Any, placement: Any, count: int) -> list[str]:
+    """The GPU ids Ray reserved for the ``count`` bundles of ``placement`` (one probe task
+    per bundle, asking for its whole GPU), in bundle order."""
     strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
     probe = ray.remote(_gpu_ids)
     calls = [
         probe.options(
             num_cpus=0,
-            num_gpus=share,
+            num_gpus=1,
             scheduling_strategy=strategy(placement, placement_group_bundle_index=index),
         ).remote()
-        for index, share in enumerate(shares)
+        for index in range(count)
     ]
     found: list[str] = []
     for ids in ray.get(calls):
@@ -207,15 +241,15 @@ def bundle_gpus(ray: Any, placement: Any, shares: Sequence[float]) -> list[str]:
     return found
 
 
-def group_gpus(shares: Sequence[float]) -> list[str]:
-    """The GPUs of the placement group this actor runs in (a device group's), bundle by
-    bundle ([] outside Ray)."""
+def group_gpus(count: int) -> list[str]:
+    """The GPUs of the placement group this actor runs in (a device group's of ``count``
+    members), bundle by bundle ([] outside Ray)."""
     try:
         import ray
     except ImportError:
         return []
     placement = ray.util.get_current_placement_group() if ray.is_initialized() else None
-    return [] if placement is None else bundle_gpus(ray, placement, shares)
+    return [] if placement is None else bundle_gpus(ray, placement, count)
 
 
 def _gpu_ids() -> list[str]:

@@ -14,7 +14,6 @@ tested) without Ray too.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Any
 from hetero.framework.cluster.device_groups import adopt, group_gpus, open_group, visible_env
 from hetero.framework.cluster.kept import ItemShape, KeptStore, describe, pick_from
 from hetero.framework.cluster.lane_start import assigned_gpus, visible_device
-from hetero.framework.cluster.reap import start_reaper
+from hetero.framework.cluster.reap import Lease, start_reaper
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
 from hetero.framework.engine.lanes import DeviceModels
@@ -59,13 +58,19 @@ class LaneActor:
         registry: Registry | None = None,
         lease_s: float = 0.0,
         members: Sequence[str] = (),
-        shares: Sequence[float] = (),
+        peers: Sequence[str] = (),
+        call_limit_s: float = 0.0,
     ) -> None:
         registry = registry or default_registry()
         backend = registry.backend(device_id.split(":", 1)[0])
         self.fleet_id = fleet_id or device_id
         if members:  # a device group: its placement group's GPUs, all of them
-            self.gpus = group_gpus(shares)
+            self.gpus = group_gpus(len(members))
+            if self.gpus and len(self.gpus) != len(members):  # Ray's GPUs are the group's
+                raise RuntimeError(
+                    f"{self.fleet_id}: its placement group holds GPUs {self.gpus}, not one"
+                    f" for each of its {len(members)} members"
+                )
             visible_env(self.gpus)
             opened, template = open_group(device_id, members, self.gpus)
             spec = adopt(backend, backend.device(template), opened, len(members))
@@ -81,15 +86,11 @@ class LaneActor:
         # Stops that came before their run was registered here (a client that left while the
         # run waited for a thread or its inputs): applied when it registers; bounded.
         self._early_stops: OrderedDict[tuple[str, int], None] = OrderedDict()
-        # the front doors sharing this actor, by id: when each last said it is there
-        self._doors: dict[str, float] = {}
-        self._doors_lock = threading.Lock()
-        self._seen = time.monotonic()  # a front door's last touch (its start until one comes)
-        self._busy = 0  # front doors' setups, loads and runs in progress
-        self.lease_s = lease_s
+        # the front doors' lease on it; a call older than call_limit_s is hung, not a touch
+        self.lease = Lease(lease_s, call_limit_s)
         self.incarnation = uuid.uuid4().hex  # a restarted actor is a new process: a new one
         if lease_s > 0:  # in Ray: it ends itself once no front door touches it (reap.py)
-            start_reaper(self)
+            start_reaper(self.fleet_id, self.lease, self.close, peers)
 
     def ready(self) -> bool:
         """Answers once the actor is up."""
@@ -120,7 +121,7 @@ class LaneActor:
 
     def add_stage(self, stage: str, plugin: StagePlugin) -> None:
         """Take in a stage's plugin, set up on this node (idempotent per stage)."""
-        with self._present():
+        with self.lease.present():
             if stage not in self.plugins:
                 plugin.prepare()  # idempotent: files another node made are made here too
                 plugin.setup()
@@ -128,7 +129,7 @@ class LaneActor:
 
     def load(self, model_key: str, graph_format: GraphFormat, threads: int) -> bool:
         """Make ``model_key`` resident on the device (True: loaded now)."""
-        with self._present():
+        with self.lease.present():
             return self.models.load(self._plugin(model_key), model_key, graph_format, threads)
 
     def run(
@@ -223,7 +224,7 @@ class LaneActor:
         lost: dict[int, str] | None = None,
     ) -> tuple[Any, ...]:
         plugin = self._plugin(model_key)
-        with self._present():
+        with self.lease.present():
             ran = self.models.run_batch(
                 plugin, model_key, GraphFormat(graph_format), threads, local
             )
@@ -247,8 +248,7 @@ class LaneActor:
         kept batches it let go of since its last call are released. Answers this process's
         incarnation: a front door that sees it change knows Ray restarted the actor (without
         the stages and models it had)."""
-        with self._doors_lock:
-            self._doors[door] = self._seen = time.monotonic()
+        self.lease.touch(door)
         self.release(*released)
         return self.incarnation
 
@@ -256,30 +256,12 @@ class LaneActor:
         """Front door ``door`` leaves: how many others are still there (touched within
         ``lease_s``; a door that died without leaving stops touching). At 0 the leaving door
         closes the actor."""
-        now = time.monotonic()
-        with self._doors_lock:
-            self._doors.pop(door, None)
-            return sum(1 for seen in self._doors.values() if now - seen <= lease_s)
+        return self.lease.detach(door, lease_s)
 
-    def lapsed(self, now: float) -> bool:
-        """Whether no front door touched this actor for longer than its lease (each front
-        door's heartbeat touches it; its last front door died without leaving). A setup, a
-        load or a run in progress counts as a touch (a front door warming a joining device
-        waits on its loads, and touches it only once it takes it)."""
-        with self._doors_lock:
-            return self.lease_s > 0 and not self._busy and now - self._seen > self.lease_s
-
-    @contextlib.contextmanager
-    def _present(self) -> Iterator[None]:
-        """A front door's call in progress: the lease holds while it runs and from its end."""
-        with self._doors_lock:
-            self._busy += 1
-        try:
-            yield
-        finally:
-            with self._doors_lock:
-                self._busy -= 1
-                self._seen = time.monotonic()
+    def lease_state(self) -> str:
+        """This actor's lease as the devices sharing its GPU see it (reap.py): ended, lapsed
+        (it ends soon) or live."""
+        return self.lease.state(time.monotonic())
 
     def release(self, *batch_ids: str) -> None:
         """Forget kept batches (the front door dropped their last stand-ins)."""
@@ -295,11 +277,14 @@ class LaneActor:
         self.models.evict(model_key)
 
     def close(self) -> None:
-        """Release everything this device's lanes hold."""
-        self.models.close()
-        self.kept.clear()
-        for plugin in self.plugins.values():
-            plugin.close()
+        """Release everything this device's lanes hold (for good: :meth:`lease_state`)."""
+        try:
+            self.models.close()
+            self.kept.clear()
+            for plugin in self.plugins.values():
+                plugin.close()
+        finally:
+            self.lease.ended = True
 
     def _plugin(self, model_key: str) -> StagePlugin:
         stage = model_key.split("/", 1)[0]

@@ -11,11 +11,14 @@ It holds a share of the device's custom resource (``hetero/<device>``) where the
 advertises one, so other Ray work cannot take the whole device while it lives, and, for a GPU
 on a node that gives Ray GPUs (``ray start --num-gpus``), one of Ray's GPUs (``num_gpus=1``):
 Ray hands that GPU to no other job while hetero holds it. Devices of one node that are views of
-one GPU (``cuda:0`` and vLLM's ``vllm:cuda:0``) share it: each asks for its share
-(``num_gpus=0.5`` for two). Ray then sets the actor's ``CUDA_VISIBLE_DEVICES`` to the GPU it
-assigned, and the actor's device id follows (:func:`visible_device`). A device group (several
-GPUs as one device: :mod:`~hetero.framework.cluster.device_groups`) asks for no GPU itself: its
-placement group holds them, and the actor runs inside it.
+one GPU (``cuda:0`` and vLLM's ``vllm:cuda:0``) share it, and not by asking Ray for half a GPU
+each on the node: Ray packs a fractional request onto a GPU already partly used, so ``cuda:0``
+and ``cuda:1`` could both get GPU 0. The views' actors run in one placement group of their GPU
+(one bundle: the whole GPU; :mod:`~hetero.framework.cluster.device_groups`), each asking for
+its share within it (``num_gpus=0.5`` for two): the bundle has one GPU, so they get the same.
+Ray then sets the actor's ``CUDA_VISIBLE_DEVICES`` to the GPU it assigned, and the actor's
+device id follows (:func:`visible_device`). A device group (several GPUs as one device) asks
+for no GPU itself: its placement group holds them, and the actor runs inside it.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def gpu_share(device: DeviceSpec) -> float:
 def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
     """Ray's options for ``device``'s actor: pinned to its node (``strategy``: node affinity,
     or a device group's placement group), named, detached, got-or-created, restarted by Ray
-    when it dies, holding its share of the device's resource and of its GPU."""
+    when it dies, holding its share of the device's resource and of its GPU (in a placement
+    group, the bundle holds the resource)."""
     options: dict[str, Any] = {
         "num_cpus": 0,
         "max_concurrency": LANE_CONCURRENCY,
@@ -107,7 +111,8 @@ def lane_options(device: DeviceSpec, strategy: Any) -> dict[str, Any]:
         "get_if_exists": True,
         "lifetime": "detached",
     }
-    if device.properties.get("reserved") and not device.properties.get("device_group"):
+    in_placement = device.properties.get("device_group") or device.properties.get("gpu_placement")
+    if device.properties.get("reserved") and not in_placement:  # else its bundle holds it
         local = str(device.properties["node_device"])
         options["resources"] = {device_resource(local): LANE_SHARE}
     share = gpu_share(device)

@@ -19,7 +19,7 @@ import uuid
 from typing import Any
 
 from hetero.framework.cluster.actor_link import CLOSE_WAIT_S, ActorLink, Warmth
-from hetero.framework.cluster.device_groups import placement_name
+from hetero.framework.cluster.device_groups import device_placement
 from hetero.framework.cluster.lane_actor import LOST
 from hetero.framework.cluster.lane_start import (
     ACTOR_NICENESS,
@@ -177,17 +177,17 @@ class RayModelHost(ActorLink):
                 actor.detach.options(**control).remote(self._backend.door, self._lease_s),
                 timeout=CLOSE_WAIT_S,
             )
-        except Exception as err:
-            if self._backend.node_alive(self._node_id):
-                # it did not answer in time: other front doors may still use it, so it is
-                # not killed; its lease ends it once none touches it (cluster/reap.py)
-                logger.warning(
-                    "%s: its actor did not answer the leave (%s); left to its lease",
-                    self.device.id,
-                    err,
-                )
-                return
-            logger.debug("%s: leaving its actor on a node that is gone: %s", self.device.id, err)
+        except ray.exceptions.GetTimeoutError as err:
+            # it did not answer in time: other front doors may still use it, so it is not
+            # killed; its lease ends it once none touches it (cluster/reap.py)
+            logger.warning(
+                "%s: its actor did not answer the leave (%s); left to its lease",
+                self.device.id,
+                err,
+            )
+            return
+        except Exception as err:  # dead (no reaper runs in it), or its node is gone
+            logger.debug("%s: leaving its actor, which is gone: %s", self.device.id, err)
             others = 0
         if others:
             logger.info("%s: its actor stays for %d other front doors", self.device.id, others)
@@ -200,12 +200,8 @@ class RayModelHost(ActorLink):
             ray.kill(actor)
         except Exception as err:  # its node is gone already
             logger.debug("%s: ending its actor: %s", self.device.id, err)
-        if self.device.properties.get("device_group"):  # a device group: its GPUs are free again
-            try:
-                ray.util.remove_placement_group(
-                    ray.util.get_placement_group(placement_name(self.device.id))
-                )
-            except Exception as err:  # gone already (its lease ended it), or its node is
-                logger.debug("%s: removing its placement group: %s", self.device.id, err)
         # its name is free again before a front door started next asks for it
         wait_gone(ray, self._name, self._namespace, CLOSE_WAIT_S)
+        placement = device_placement(self.device)
+        if placement:  # its GPUs are free again (a shared GPU's once its views are done)
+            self.release_placement(placement)

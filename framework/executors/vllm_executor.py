@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from hetero.framework.faults import raise_classified
 from hetero.framework.text_engine import GenerationOutcome, SamplingSpec, TextEngine
 
-__all__ = ["EngineSettings", "StepStats", "VllmEngine"]
+__all__ = ["EngineSettings", "StepStats", "VllmEngine", "engine_args"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,29 @@ class EngineSettings:
     device_id: str = "vllm"
     graph: str = "decoder"
     tensor_parallel_size: int = 1
+
+
+def engine_args(s: EngineSettings) -> dict[str, Any]:
+    """vLLM's ``AsyncEngineArgs`` for ``s``. A model over several GPUs (a device group) runs
+    on vLLM's multiprocessing executor, named: inside a Ray placement group (a device group's
+    actor) vLLM would otherwise pick its Ray executor and start Ray workers of its own, while
+    the placement group's GPUs are hetero's and the workers are to be this process's own."""
+    args: dict[str, Any] = {
+        "model": str(s.model_dir),
+        "tokenizer": str(s.model_dir),
+        "dtype": s.dtype,
+        "max_model_len": s.max_model_len,
+        "max_num_seqs": s.max_num_seqs,
+        "kv_cache_memory_bytes": s.kv_cache_bytes,
+        "enable_prefix_caching": s.prefix_caching,
+        "tensor_parallel_size": s.tensor_parallel_size,
+        "enforce_eager": True,
+        "disable_log_stats": True,
+        "seed": 0,
+    }
+    if s.tensor_parallel_size > 1:
+        args["distributed_executor_backend"] = "mp"
+    return args
 
 
 @dataclass(slots=True)
@@ -149,20 +172,7 @@ class VllmEngine(TextEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        s = self.settings
-        args = AsyncEngineArgs(
-            model=str(s.model_dir),
-            tokenizer=str(s.model_dir),
-            dtype=s.dtype,
-            max_model_len=s.max_model_len,
-            max_num_seqs=s.max_num_seqs,
-            kv_cache_memory_bytes=s.kv_cache_bytes,
-            enable_prefix_caching=s.prefix_caching,
-            tensor_parallel_size=s.tensor_parallel_size,
-            enforce_eager=True,
-            disable_log_stats=True,
-            seed=0,
-        )
+        args = AsyncEngineArgs(**engine_args(self.settings))
         return AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

@@ -7,13 +7,20 @@ a placement group over two fake GPUs and the reaper on a real cluster)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hetero.framework.cluster import actor_link, reap
-from hetero.framework.cluster.device_groups import group_bundles, open_group, shape_node
+from hetero.framework.cluster import actor_link, lane_actor, reap
+from hetero.framework.cluster.device_groups import (
+    device_placement,
+    group_bundles,
+    open_group,
+    shape_node,
+)
 from hetero.framework.cluster.lane_start import gpu_share, lane_options
 from hetero.framework.cluster.remote_lanes import RayModelHost
 from hetero.framework.devices import DeviceClass, DeviceSpec
@@ -63,27 +70,67 @@ def test_a_group_is_one_device_over_its_members_and_they_leave_the_fleet() -> No
     assert group.properties["device_group"] == 2
     assert group.properties["members"] == ("vllm:cuda:0", "vllm:cuda:1")
     assert group.properties["serves"] == "cuda:0+1"
-    # GPUs 0 and 1 are seen by the group and by the cuda backend: each holds half of each
-    assert group.properties["gpu_shares"] == (0.5, 0.5)
-    assert gpu_share(shaped[f"cuda:0@{NODE}"][0]) == 0.5
+    # the group holds GPUs 0 and 1 whole: the cuda backend's views of them leave the fleet
+    # (half-GPU bundles could both land on one GPU: Ray packs fractions onto a used GPU)
+    assert f"cuda:0@{NODE}" not in shaped and f"cuda:1@{NODE}" not in shaped
     assert gpu_share(shaped[f"vllm:cuda:2@{NODE}"][0]) == 1.0  # nothing else views GPU 2
     assert group_bundles(group) == [
-        {"GPU": 0.5, "hetero/vllm:cuda:0": 0.01},
-        {"GPU": 0.5, "hetero/vllm:cuda:1": 0.01},
+        {"GPU": 1.0, "hetero/vllm:cuda:0": 0.01},
+        {"GPU": 1.0, "hetero/vllm:cuda:1": 0.01},
     ]
+    assert device_placement(group) == f"hetero-group:vllm:cuda:0+1@{NODE}"
     # the group's actor asks for no GPU of its own (its placement group holds them)
     options = lane_options(group, strategy=None)
     assert "num_gpus" not in options and "resources" not in options
-    assert lane_options(shaped[f"cuda:1@{NODE}"][0], None)["num_gpus"] == 0.5
 
 
 def test_without_groups_or_gpus_enough_nothing_is_grouped() -> None:
     ids = {spec.id for spec, _ in node()}
     assert {spec.id for spec, _ in shape_node(node(), {}, 4)} == ids  # the control
     assert {spec.id for spec, _ in shape_node(node(), {"vllm:cuda": 2}, 1)} == ids
-    # without groups, a GPU the cuda and vllm backends both view is still shared
-    (cuda0,) = [s for s, _ in shape_node(node(), {}, 4) if s.id == f"cuda:0@{NODE}"]
-    assert gpu_share(cuda0) == 0.5
+
+
+def test_views_of_one_gpu_share_it_through_a_placement_group_of_that_gpu() -> None:
+    shaped = {s.id: s for s, _ in shape_node(node(), {}, 4)}
+    cuda0, vllm0 = shaped[f"cuda:0@{NODE}"], shaped[f"vllm:cuda:0@{NODE}"]
+    # one placement group for GPU 0, one bundle holding the whole GPU and both views' shares:
+    # Ray gives both actors the GPU of that bundle (asked on the node, half a GPU each could
+    # land cuda:0 and cuda:1 on the same GPU)
+    assert device_placement(cuda0) == device_placement(vllm0) == f"hetero-gpu:cuda:0@{NODE}"
+    assert group_bundles(cuda0) == [{"GPU": 1.0, "hetero/vllm:cuda:0": 0.01, "hetero/cuda:0": 0.01}]
+    assert group_bundles(vllm0) == group_bundles(cuda0)
+    assert cuda0.properties["gpu_peers"] == (vllm0.id,)
+    assert vllm0.properties["gpu_peers"] == (cuda0.id,)
+    options = lane_options(cuda0, strategy=None)
+    assert options["num_gpus"] == 0.5 and "resources" not in options  # its bundle holds it
+    # a GPU one device views: no placement group, the whole GPU asked on the node
+    vllm2 = shaped[f"vllm:cuda:2@{NODE}"]
+    assert device_placement(vllm2) is None and gpu_share(vllm2) == 1.0
+    assert lane_options(vllm2, None)["resources"] == {"hetero/vllm:cuda:2": 0.01}
+
+
+def test_a_group_actor_fails_unless_ray_gave_it_a_gpu_per_member(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lane_actor, "group_gpus", lambda count: ["0"])
+    with pytest.raises(RuntimeError, match="not one for each of its 2 members"):
+        lane_actor.LaneActor("sim:a100-0+1", members=("sim:a100-0", "sim:a100-1"))
+    # the control: a GPU each
+    monkeypatch.setattr(lane_actor, "group_gpus", lambda count: ["0", "1"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    actor = lane_actor.LaneActor("sim:a100-0+1", members=("sim:a100-0", "sim:a100-1"))
+    assert actor.models.device.properties["device_group"] == 2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_a_model_over_several_gpus_runs_on_vllms_multiprocessing_executor(
+    tmp_path: Path,
+) -> None:
+    from hetero.framework.executors.vllm_executor import EngineSettings, engine_args
+
+    two = engine_args(EngineSettings(model_dir=tmp_path, tensor_parallel_size=2))
+    assert two["distributed_executor_backend"] == "mp" and two["tensor_parallel_size"] == 2
+    assert "distributed_executor_backend" not in engine_args(EngineSettings(model_dir=tmp_path))
 
 
 def test_a_group_opens_as_the_gpus_its_placement_group_holds() -> None:
@@ -130,6 +177,7 @@ class FakeRay:
 
     def __init__(self) -> None:
         self.killed: list[Any] = []
+        self.util = FakeRayUtil()
 
     def get(self, ref: Callable[[], Any], timeout: float | None = None) -> Any:
         return ref()
@@ -139,6 +187,22 @@ class FakeRay:
 
     def get_actor(self, name: str, namespace: str = "") -> Any:
         raise ValueError(name)  # gone
+
+
+class FakeRayUtil:
+    """Placement groups by name (a fake of ``ray.util``)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, str] = {}
+        self.removed: list[str] = []
+
+    def get_placement_group(self, name: str) -> str:
+        if name not in self.groups:
+            raise ValueError(f"no placement group named {name}")
+        return self.groups[name]
+
+    def remove_placement_group(self, placement: str) -> None:
+        self.removed.append(placement)
 
 
 class Method:
@@ -157,6 +221,7 @@ class FakeActor:
 
     def __init__(self, failures: int = 0, detach: Callable[..., Any] = lambda *_: 0) -> None:
         self.failures = failures
+        self.failed = threading.Event()  # a setup failed
         self.setups = 0
         self.closed = 0
         self.ready = Method(lambda: True)
@@ -169,6 +234,7 @@ class FakeActor:
     def _add_stage(self, *_: Any) -> None:
         self.setups += 1
         if self.setups <= self.failures:
+            self.failed.set()
             raise RuntimeError("the stage's setup failed on the node (fake)")
 
     def _close(self) -> None:
@@ -205,10 +271,12 @@ class FakeBackend:
         pass
 
 
-def host_on(actor: FakeActor) -> tuple[RayModelHost, FakeBackend, FakeRay]:
+def host_on(
+    actor: FakeActor, device: DeviceSpec | None = None
+) -> tuple[RayModelHost, FakeBackend, FakeRay]:
     ray = FakeRay()
     backend = FakeBackend(ray)
-    host = RayModelHost(backend, gpu("cuda:0"))  # type: ignore[arg-type]
+    host = RayModelHost(backend, device or gpu("cuda:0"))  # type: ignore[arg-type]
     host._handle = actor
     return host, backend, ray
 
@@ -227,16 +295,26 @@ def test_a_heal_that_fails_is_tried_again_until_the_device_is_back(
 
 
 def test_a_heal_stops_trying_once_the_host_closes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(actor_link, "HEAL_RETRY_S", (0.01,))
+    """Closed while it waits an hour for its next try, the heal ends at once (the host's
+    ``_closed`` event): the join would time out otherwise."""
+    monkeypatch.setattr(actor_link, "HEAL_RETRY_S", (3600.0,))
     actor = FakeActor(failures=10**9)
     host, backend, _ = host_on(actor)
     host._plugins = {"encode": object()}  # type: ignore[dict-item]
     host._actor_lost("its actor died (fake)")
+    assert actor.failed.wait(timeout=30)  # its first try failed: it waits for the next
     host.close()
     healer = [t for t in threading.enumerate() if t.name.startswith("hetero-heal:")]
     for thread in healer:
         thread.join(timeout=30)
     assert not any(t.is_alive() for t in healer) and not backend.healthy.is_set()
+    assert actor.setups == 1  # no try after the close
+
+
+def test_heal_tries_back_off_to_a_long_wait_after_ten_failures() -> None:
+    waits = [actor_link.heal_wait_s(tries) for tries in range(12)]
+    assert waits[:5] == [1.0, 2.0, 5.0, 10.0, 30.0] and waits[5:9] == [30.0] * 4
+    assert waits[9:] == [actor_link.HEAL_SLOW_S] * 3
 
 
 def test_a_leave_that_times_out_does_not_kill_a_shared_actor() -> None:
@@ -256,32 +334,88 @@ def test_a_leave_that_times_out_does_not_kill_a_shared_actor() -> None:
     assert ray.killed == []
 
 
-class FakeLeased:
-    """A device actor's lease (a fake): lapsed from the third look on."""
+def test_a_leave_that_finds_the_actor_dead_ends_it_and_frees_its_gpus() -> None:
+    """A dead actor runs no reaper: the leaving front door removes its placement group. The
+    control: a leave that timed out (the actor may be busy for other doors) removes none."""
 
-    fleet_id = "cuda:0@node-fake"
-    lease_s = 0.04
+    def dead(*_: Any) -> int:
+        raise FakeRayErrors.RayActorError("the actor died (fake)")
 
-    def __init__(self) -> None:
-        self.looks = 0
-        self.closed = False
+    def hangs(*_: Any) -> int:
+        raise FakeRayErrors.GetTimeoutError("the leave did not answer (fake)")
 
-    def lapsed(self, now: float) -> bool:
-        self.looks += 1
-        return self.looks >= 3
+    group = shape_node([(gpu(f"vllm:cuda:{i}"), ALL) for i in range(2)], {"vllm:cuda": 2}, 4)[0][0]
+    name = f"hetero-group:{group.id}"
+    actor = FakeActor(detach=dead)
+    host, _, ray = host_on(actor, group)
+    ray.util.groups[name] = "the group's placement"
+    host.close()
+    assert ray.killed == [actor] and ray.util.removed == ["the group's placement"]
+    host, _, ray = host_on(FakeActor(detach=hangs), group)
+    ray.util.groups[name] = "the group's placement"
+    host.close()
+    assert ray.killed == [] and ray.util.removed == []
 
-    def close(self) -> None:
-        self.closed = True
+
+def test_an_actor_that_never_answers_leaves_no_placement_group() -> None:
+    group = shape_node([(gpu(f"vllm:cuda:{i}"), ALL) for i in range(2)], {"vllm:cuda": 2}, 4)[0][0]
+    actor = FakeActor()
+    host, _, ray = host_on(actor, group)
+    ray.util.groups["pg"] = "the group's placement"
+    host._give_up(actor, "pg")
+    assert ray.killed == [actor] and ray.util.removed == ["the group's placement"]
+
+
+class PeerActor:
+    """A device actor sharing a GPU (a fake): its lease as it answers it."""
+
+    def __init__(self, state: str) -> None:
+        self.lease_state = Method(lambda: state)
+
+
+def test_the_last_view_of_a_shared_gpu_to_end_removes_its_placement_group() -> None:
+    ray = FakeRay()
+    peers = ("vllm:cuda:0@node", "sim:x@node")
+    actors: dict[str, Any] = {}
+
+    def get_actor(name: str, namespace: str | None = None) -> Any:
+        if name not in actors:
+            raise ValueError(name)
+        return actors[name]
+
+    ray.get_actor = get_actor  # type: ignore[method-assign]
+    assert reap.peers_done(ray, peers, None)  # none there: this one is the last
+    actors["hetero-lanes:vllm:cuda:0@node"] = PeerActor(reap.LIVE)
+    assert not reap.peers_done(ray, peers, None)  # in use: it removes the group when it ends
+    actors["hetero-lanes:vllm:cuda:0@node"] = PeerActor(reap.LAPSED)
+    assert not reap.peers_done(ray, peers, None)  # ending: it asks in turn once it ended
+    actors["hetero-lanes:vllm:cuda:0@node"] = PeerActor(reap.ENDED)
+    assert reap.peers_done(ray, peers, None)
+
+
+def test_a_hung_call_holds_the_lease_no_longer_than_its_limit() -> None:
+    lease = reap.Lease(lease_s=1.0, call_limit_s=5.0)
+    unlimited = reap.Lease(lease_s=1.0)  # the control: every call in progress holds it
+    with lease.present(), unlimited.present():
+        now = time.monotonic()
+        assert not lease.lapsed(now + 2) and lease.state(now + 2) == reap.LIVE  # a fresh call
+        assert lease.lapsed(now + 10) and lease.state(now + 10) == reap.LAPSED  # hung
+        assert not unlimited.lapsed(now + 10)
+    assert not lease.lapsed(time.monotonic())  # its end touched it
+    lease.ended = True
+    assert lease.state(time.monotonic()) == reap.ENDED
 
 
 def test_the_reaper_closes_and_ends_an_actor_whose_lease_lapsed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ended: list[bool] = []
-    monkeypatch.setattr(reap, "_end_self", lambda: ended.append(True))
-    leased = FakeLeased()
-    reap.start_reaper(leased).join(timeout=30)
-    assert leased.looks == 3 and leased.closed and ended == [True]
+    ended: list[tuple[str, ...]] = []
+    closed: list[bool] = []
+    monkeypatch.setattr(reap, "_end_self", ended.append)
+    lease = reap.Lease(lease_s=0.04)  # no front door touches it: it lapses after 0.04 s
+    thread = reap.start_reaper("cuda:0@node-fake", lease, lambda: closed.append(True), ("p",))
+    thread.join(timeout=30)
+    assert closed == [True] and ended == [("p",)] and lease.ended
 
 
 def test_a_vllm_engine_gets_the_gpus_its_device_names_among_those_it_sees() -> None:
