@@ -151,6 +151,15 @@ class Backend(abc.ABC):
             self._devices = found
         return self._devices
 
+    def add_device(self, spec: DeviceSpec) -> None:
+        """Know ``spec`` as one of this instance's devices too (a device group a Ray device
+        actor opened on its own backend instance: several of the node's GPUs as one device),
+        unless a device of its id is known already."""
+        known = self.devices()  # discovered first, outside the lock
+        with self._lock:
+            if all(found.id != spec.id for found in self._devices or known):
+                self._devices = (*(self._devices or known), spec)
+
     def device(self, device_id: str) -> DeviceSpec:
         """The spec of ``device_id``; :class:`UnknownDeviceError` if it is not ours."""
         for spec in self.devices():

@@ -45,7 +45,7 @@ from typing import Any
 
 from hetero.framework.backend import Backend
 from hetero.framework.cluster.lane_start import GPU_CLASSES, LANE_SHARE, device_resource
-from hetero.framework.devices import DeviceSpec
+from hetero.framework.devices import DeviceSpec, Telemetry
 from hetero.framework.graph import GraphFormat
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "device_placement",
     "group_bundles",
     "group_gpus",
+    "merge_telemetry",
     "open_group",
     "placement_name",
     "shape_node",
@@ -284,9 +285,7 @@ def adopt(backend: Backend, member: DeviceSpec, group_id: str, count: int) -> De
         memory_bandwidth_bytes_per_s=member.memory_bandwidth_bytes_per_s * count,
         properties={**member.properties, "device_group": count},
     )
-    known = backend.devices()
-    if all(found.id != group_id for found in known):
-        backend._devices = (*known, spec)  # the actor's own instance; no API adds a device
+    backend.add_device(spec)  # the actor's own instance: no other process sees it
     return spec
 
 
@@ -294,3 +293,15 @@ def visible_env(gpus: Sequence[str]) -> None:
     """The group's GPUs as the processes the actor starts see them (vLLM's workers)."""
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+
+def merge_telemetry(device_id: str, reads: Sequence[Telemetry]) -> Telemetry:
+    """A device's telemetry from its GPUs' reads (a group's: one each): memory and power
+    summed, utilisation their mean."""
+    watts = [r.power_watts for r in reads if r.power_watts is not None]
+    return Telemetry(
+        device_id=device_id,
+        memory_used_bytes=sum(r.memory_used_bytes for r in reads),
+        utilisation=sum(r.utilisation for r in reads) / len(reads),
+        power_watts=sum(watts) if watts else None,
+    )

@@ -39,7 +39,7 @@ from typing import Any
 
 from hetero.framework.backend import Backend, Executable, LoadedModel
 from hetero.framework.cluster.agent import NodeAgent
-from hetero.framework.cluster.device_groups import shape_node
+from hetero.framework.cluster.device_groups import merge_telemetry, shape_node
 from hetero.framework.cluster.joining import Joining
 from hetero.framework.cluster.lane_start import device_resource
 from hetero.framework.cluster.remote_lanes import RayModelHost
@@ -155,14 +155,7 @@ class RayBackend(Backend):
         members = served[0] if served else spec.properties.get("members")
         members = members or (spec.properties["node_device"],)
         calls = [agent.telemetry.remote(str(local)) for local in members]  # a group: each GPU
-        reads: list[Telemetry] = _ray().get(calls, timeout=TELEMETRY_WAIT_S)
-        watts = [r.power_watts for r in reads if r.power_watts is not None]
-        return Telemetry(
-            device_id=device_id,
-            memory_used_bytes=sum(r.memory_used_bytes for r in reads),
-            utilisation=sum(r.utilisation for r in reads) / len(reads),
-            power_watts=sum(watts) if watts else None,
-        )
+        return merge_telemetry(device_id, _ray().get(calls, timeout=TELEMETRY_WAIT_S))
 
     def _compile(self, graph: ComputeGraph, device_id: str) -> Any:
         return graph  # compiled on the node, at load

@@ -25,28 +25,33 @@ def _kind(device: DeviceSpec) -> tuple[object, ...]:
     return (device.vendor_name, device.device_class, runtime, *figures)
 
 
-def kin_of(device: DeviceSpec, others: Sequence[DeviceSpec]) -> int | None:
-    """The index in ``others`` of the first device that is the same hardware and runtime as
-    ``device`` (None: none is)."""
+def kin_of(device: DeviceSpec, others: Sequence[DeviceSpec]) -> list[int]:
+    """The indices in ``others`` of the devices that are the same hardware and runtime as
+    ``device`` (its twins; none: empty)."""
     kind = _kind(device)
-    return next((at for at, other in enumerate(others) if _kind(other) == kind), None)
+    return [at for at, other in enumerate(others) if _kind(other) == kind]
 
 
 def seed_from_kin(scheduler: Scheduler, joined: Sequence[DeviceSpec]) -> dict[str, str]:
     """Give each device of ``joined`` (added to ``scheduler`` already) the measured correction
-    of its kin among the devices that were there before, in every stage's table. Which
-    device seeded which, by id."""
+    of its kin among the devices that were there before, in every stage's table: per table,
+    a twin whose correction moved from the cost model's 1 (it ran that stage), else the first
+    twin. Which device seeded which, by id (the twin that seeded its first measured table)."""
     fresh = {device.id for device in joined}
     before = [device for device in scheduler.devices if device.id not in fresh]
     index = scheduler.fleet.index
     seeded: dict[str, str] = {}
     for device in joined:
-        kin = kin_of(device, before)
-        if kin is None:
+        twins = [index[before[at].id] for at in kin_of(device, before)]
+        if not twins:
             continue
-        source, target = index[before[kin].id], index[device.id]
+        target, used = index[device.id], []
         for tables in scheduler.tables.values():
+            ran = [twin for twin in twins if float(tables.correction[twin]) != 1.0]
+            source = (ran or twins)[0]
+            if ran:
+                used.append(source)
             tables.correction[target] = tables.correction[source]
             tables.refresh(target)
-        seeded[device.id] = before[kin].id
+        seeded[device.id] = scheduler.devices[(used or twins)[0]].id
     return seeded

@@ -56,3 +56,20 @@ def test_a_joining_device_starts_from_its_kins_measured_correction() -> None:
     assert float(tables.correction[1]) == measured  # its kin's measured runs
     assert float(tables.correction[2]) == 1.0  # no kin: the cost model
     assert tables.unit_s[1] == tables.unit_s[0]
+
+
+def test_a_joining_device_takes_the_twin_that_ran_each_stage() -> None:
+    """Two identical devices were there, only the second ran the stage: the joiner starts
+    from the second's correction, not the first's untouched 1."""
+    policy = load_policy_text(POLICY.replace("count: 1", "count: 2"), "kin.yaml")
+    devices = simulated_devices(policy.spec.devices.simulated)
+    scheduler = Scheduler(policy, devices, Topology(devices), VirtualClock())
+    tables = scheduler.tables["vision/full"]
+    tables.correction[1] = 3.0  # as the second's measured runs left it
+    tables.refresh(1)
+    first, second = devices
+    joined = dataclasses.replace(first, id="sim:joined-0", host="right", links=())
+    scheduler.add_devices([joined], Topology([first, second, joined]))
+    assert seed_from_kin(scheduler, [joined]) == {"sim:joined-0": second.id}
+    tables = scheduler.tables["vision/full"]
+    assert float(tables.correction[2]) == 3.0
