@@ -51,13 +51,6 @@ class EstimatesMixin(SchedulerState):
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
         return [d.id for d, ok in zip(self.devices, tables.costs.runnable, strict=True) if ok]
 
-    def run_slots(self, stage: str) -> int:
-        """The most tasks of ``stage`` one healthy device runs at once (1 unless a device's
-        runtime batches continuously): a queue of the stage drains that much faster."""
-        tables = self.tables[f"{stage}/full"]
-        runnable = tables.costs.runnable & self.healthy
-        return int(tables.slots[runnable].max()) if runnable.any() else 1
-
     def batching_for(self, model_key: str) -> tuple[int, float]:
         """``(max_batch, max_delay_s)`` of a stage variant: its own figures, else the
         scheduler's default delay; 1 for a variant that is not batchable."""

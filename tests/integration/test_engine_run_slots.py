@@ -166,7 +166,7 @@ def test_a_lane_runs_as_many_generations_at_once_as_its_device_has_slots(slots: 
     assert {r.devices["gen"] for r in results} == {"slotted:0"}
     (loaded,) = backend.engines
     assert loaded.peak == slots  # never more than its slots, and all of them used
-    assert engine.scheduler.run_slots("gen") == slots  # admission: the queue drains N at once
+    assert engine.admission.run_slots("gen") == slots  # admission: the queue drains N at once
 
 
 def test_the_engine_format_s_kv_cache_counts_in_the_memory_plan() -> None:

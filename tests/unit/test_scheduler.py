@@ -21,6 +21,7 @@ from hetero.framework.scheduler import (
     StageTask,
     VirtualClock,
 )
+from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.topology import Topology
 
 POLICY = """\
@@ -354,7 +355,7 @@ def test_runtimes_over_one_host_cpu_share_its_backlog() -> None:
 
 def test_a_device_with_run_slots_takes_that_many_tasks_and_its_own_memory_figure() -> None:
     scheduler, _ = make()
-    assert scheduler.run_slots("cpu_only") == 1
+    assert RequestAdmission(scheduler.policy, scheduler).run_slots("cpu_only") == 1
     first = place(scheduler, task("cpu_only"))
     scheduler.enqueue(task("cpu_only"))
     assert scheduler.dispatch() is None  # one batch outstanding per device: the rest waits
@@ -370,7 +371,7 @@ def test_a_device_with_run_slots_takes_that_many_tasks_and_its_own_memory_figure
     fitted.enqueue(task("cpu_only"))
     assert fitted.dispatch() is None  # the fourth waits for a slot
     index = fitted.fleet.index["sim:cpu-0"]
-    assert fitted.run_slots("cpu_only") == 3
+    assert RequestAdmission(fitted.policy, fitted).run_slots("cpu_only") == 3
     assert fitted.memory[index].used == 5 * 10**6
     assert fitted.backlog[index] == pytest.approx(sum(d.estimate_s for d in running) / 3)
     fitted.completed(running[0], ok=True, run_s=0.001)
