@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.cluster.device_groups import device_placement, group_bundles
+from hetero.framework.cluster.device_groups import device_placement, open_placement
 from hetero.framework.cluster.lane_actor import LaneActor, StageMissingError
 from hetero.framework.cluster.lane_start import (
     READY_WAIT_S,
@@ -198,36 +198,13 @@ class ActorLink:
             logger.debug("%s: removing its placement group: %s", self.device.id, err)
 
     def _placement(self, name: str) -> Any:
-        """The device's placement group (a device group's, or its GPU's where its views share
-        it): the one on the cluster (another front door made it, a view of the same GPU, or
-        this one before its actor died), else a new one, ready on the device's node."""
-        ray = self._backend.ray()
-        try:
-            return ray.util.get_placement_group(name)
-        except ValueError:  # none yet
-            pass
-        try:
-            placement = ray.util.placement_group(
-                group_bundles(self.device),
-                strategy="STRICT_PACK",
-                name=name,
-                lifetime="detached",
-                _soft_target_node_id=self._node_id,
-            )
-        except Exception as err:  # another front door made it meanwhile: that one
-            try:
-                return ray.util.get_placement_group(name)
-            except ValueError:
-                raise err from None
-        try:
-            self._call(placement.ready(), "its placement group", READY_WAIT_S)
-            nodes = set(ray.util.placement_group_table(placement)["bundles_to_node_id"].values())
-            if nodes != {self._node_id}:
-                raise RuntimeError(f"{self.device.id}: its placement group went to {nodes}")
-        except BaseException:  # not left pending: it would take the GPUs once they are free
-            ray.util.remove_placement_group(placement)
-            raise
-        return placement
+        """The device's placement group ``name`` (:func:`~.device_groups.open_placement`)."""
+        return open_placement(
+            self._backend.ray(),
+            self.device,
+            name,
+            lambda ref: self._call(ref, "its placement group", READY_WAIT_S),
+        )
 
     def _touch(self, actor: Any) -> str:
         return str(self._call(actor.touch.remote(self._backend.door), "a touch", READY_WAIT_S))

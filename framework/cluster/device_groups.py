@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetero.framework.backend import Backend
@@ -58,6 +58,7 @@ __all__ = [
     "group_gpus",
     "merge_telemetry",
     "open_group",
+    "open_placement",
     "placement_name",
     "shape_node",
     "share",
@@ -221,6 +222,41 @@ def device_placement(device: DeviceSpec) -> str | None:
     if device.properties.get("device_group"):
         return placement_name(device.id)
     return None
+
+
+def open_placement(ray: Any, device: DeviceSpec, name: str, wait: Callable[[Any], Any]) -> Any:
+    """``device``'s placement group ``name`` (a device group's, or its GPU's where its views
+    share it): the one on the cluster (another front door made it, a view of the same GPU, or
+    this one before its actor died), else a new one, ready on the device's node (``wait``
+    waits for a Ray object ref, or raises). Two front doors that make it at once: the one
+    whose creation fails takes the other's."""
+    node_id = str(device.properties["node_id"])
+    try:
+        return ray.util.get_placement_group(name)
+    except ValueError:  # none yet
+        pass
+    try:
+        placement = ray.util.placement_group(
+            group_bundles(device),
+            strategy="STRICT_PACK",
+            name=name,
+            lifetime="detached",
+            _soft_target_node_id=node_id,
+        )
+    except Exception as err:  # another front door made it meanwhile: that one
+        try:
+            return ray.util.get_placement_group(name)
+        except ValueError:
+            raise err from None
+    try:
+        wait(placement.ready())
+        nodes = set(ray.util.placement_group_table(placement)["bundles_to_node_id"].values())
+        if nodes != {node_id}:
+            raise RuntimeError(f"{device.id}: its placement group went to {nodes}")
+    except BaseException:  # not left pending: it would take the GPUs once they are free
+        ray.util.remove_placement_group(placement)
+        raise
+    return placement
 
 
 def bundle_gpus(ray: Any, placement: Any, count: int) -> list[str]:

@@ -80,7 +80,8 @@ def actor_name(device_id: str) -> str:
 
 def gpu_share(device: DeviceSpec) -> float:
     """The part of one of Ray's GPUs ``device``'s actor holds: 1, or 1/k where k devices of the
-    node are views of one GPU (``node_gpu_views``, counted when the node joined); 0 for a device
+    node are views of one GPU (``node_gpu_views``, counted when the node joined; asked within
+    their GPU's placement group, whose one bundle is that whole GPU); 0 for a device
     that is not a GPU, on a node that gives Ray no GPUs, or a device group (its placement group
     holds its GPUs)."""
     if device.device_class not in GPU_CLASSES or device.properties.get("device_group"):

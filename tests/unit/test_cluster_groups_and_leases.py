@@ -436,3 +436,29 @@ def test_groups_of_one_size_are_one_kind_for_warming_a_joining_node() -> None:
     group = shaped[f"vllm:cuda:0+1@{NODE}"]
     assert kind_of(group) == kind_of(shaped[f"vllm:cuda:2+3@{NODE}"])
     assert kind_of(group) != kind_of(shaped[f"vllm:cuda:4@{NODE}"])  # a single GPU is not
+
+
+def test_a_placement_group_another_front_door_made_meanwhile_is_taken() -> None:
+    """Two front doors make a device's named placement group at once: the one whose creation
+    fails (the name is taken) takes the other's instead of failing."""
+    from hetero.framework.cluster.device_groups import open_placement
+
+    group = shape_node([(gpu(f"vllm:cuda:{i}"), ALL) for i in range(2)], {"vllm:cuda": 2}, 4)[0][0]
+    util = FakeRayUtil()
+    looks: list[str] = []
+
+    def get(name: str) -> str:
+        looks.append(name)
+        if len(looks) == 1:
+            raise ValueError("none yet")  # not there when first asked
+        return "the other door's"
+
+    def create(*_: Any, **__: Any) -> str:
+        raise ValueError("a placement group of that name exists (fake)")
+
+    util.get_placement_group = get  # type: ignore[method-assign]
+    util.placement_group = create  # type: ignore[attr-defined]
+    ray = FakeRay()
+    ray.util = util
+    assert open_placement(ray, group, "pg", lambda ref: ref) == "the other door's"
+    assert looks == ["pg", "pg"]
