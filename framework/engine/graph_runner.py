@@ -326,6 +326,7 @@ class GraphRunner:
                     items=plugin.items(inputs) if plugin is not None else 1,
                     units=state.step_units.get(step, state.units),
                     enqueued_at=now,
+                    output_tokens=self.engine.scheduler.output_lengths.expected(stage),
                 )
                 self.engine.scheduler.enqueue(task)
                 state.live_tasks[task.id] = task

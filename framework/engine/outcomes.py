@@ -85,6 +85,9 @@ class Outcomes:
                 )
                 state.devices[task.step] = device_id
                 state.steps.append(step_trace(outcome))
+                generated = _generated_tokens(outcome.output)
+                if generated:  # a generation's length, for placing the next ones
+                    self.engine.scheduler.output_lengths.observe(task.stage, generated)
                 error = None if state.done() else self.continue_(state)
             elif isinstance(outcome.error, InputLostError):
                 error = self._redo_inputs(state, task, outcome.error)
@@ -273,6 +276,16 @@ class Outcomes:
             self.engine.runner.end(state)
         self.engine.metrics.outcomes.labels(state.route, "failed").inc()
         settle(state.future, error=error)
+
+
+def _generated_tokens(output: Any) -> int:
+    """The tokens a generation produced (its result's ``completion_tokens``; 0 for any other
+    output, or one kept on a remote node)."""
+    if isinstance(output, dict):
+        tokens = output.get("completion_tokens")
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            return tokens
+    return 0
 
 
 def step_trace(outcome: BatchOutcome) -> StepTrace:

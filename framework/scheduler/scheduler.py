@@ -39,6 +39,7 @@ from hetero.framework.scheduler.decisions import (
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
 from hetero.framework.scheduler.memory import MemoryManager, share_memory
+from hetero.framework.scheduler.output_lengths import OutputLengths
 from hetero.framework.scheduler.queues import LiveTally, QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
 from hetero.framework.scheduler.tables import StageTables, compute_groups
@@ -118,6 +119,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         count = len(self.devices)
         self._can_run = can_run
         self.tables: dict[str, StageTables] = {}
+        self.output_lengths = OutputLengths()  # generations' expected output, learnt
         self._fits: dict[tuple[str, int], tuple[int, int | None]] = {}
         for name, stage in spec.stages.items():
             self._add_tables(name, stage, count)

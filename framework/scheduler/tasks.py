@@ -43,8 +43,9 @@ class StageTask:
         attempts: Placements tried so far.
         kv_tokens: Tokens of context the request holds at its longest (prompt plus output),
             for a stage whose model keeps a KV cache: placement reserves their blocks.
-        output_tokens: Of ``kv_tokens``, the tokens the request generates (its decode
-            steps), for an LLM sequence's expected completion; 0: not known.
+        output_tokens: The tokens the request is expected to generate (its decode steps:
+            what the stage's finished sequences produced, ``Scheduler.output_lengths``), for
+            an LLM sequence's expected completion; 0: not known.
     """
 
     request_id: str

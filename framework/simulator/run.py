@@ -371,7 +371,7 @@ class _Simulation:
                 inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
                 enqueued_at=self.clock.now(),
                 kv_tokens=run.request.text_tokens + run.request.output_tokens,
-                output_tokens=run.request.output_tokens,
+                output_tokens=self.scheduler.output_lengths.expected(stage),
                 units=self.admission.units(self._profile(stage, run.request)),
             )
             try:
@@ -646,6 +646,9 @@ class _Simulation:
         if run is None:
             return
         hint = self.scheduler.tables[dispatch.model_key].costs.hint
+        if hint.kv_bytes_per_token and run.request.output_tokens:  # a generation: learnt,
+            # as a server learns it from the answers it gave
+            self.scheduler.output_lengths.observe(dispatch.task.stage, run.request.output_tokens)
         run.done[dispatch.task.step] = OutputHandle(
             device_id, None, int(hint.output_bytes * self._scale(dispatch))
         )
