@@ -46,10 +46,12 @@ def create_app(runtime: Serving, *, registry: Registry | None = None) -> FastAPI
     app.state.keyring = KeyRing(spec.server, spec.qos, frozenset(spec.sla_tiers))
     app.state.devices = device_list(registry)
     install_error_handlers(app)
-    if spec.server.peer_routes:  # the peers harness's API, for side-by-side measurements:
-        from hetero.framework.server import peer_api  # matched first (routes are tried in
+    # The peers harness's API, for side-by-side measurements, matched first (routes are tried
+    # in order): its two paths shadow no built-in one.
+    if spec.server.peer_routes:
+        from hetero.framework.server import peer_api
 
-        app.include_router(peer_api.router)  # order), its two paths shadow no built-in one
+        app.include_router(peer_api.router)
     app.include_router(routes_openai.router)
     app.include_router(routes_modal.router)
     app.include_router(routes_ops.router)
