@@ -117,21 +117,10 @@ def _served(
     url = f"http://127.0.0.1:{port}"
     log = logs / f"{label}.log"
     argv = [a.replace("{port}", str(port)) for a in args]
-    began = time.perf_counter()
-    process = bench_procs.start(argv[0], argv[1:], log)
+    process, out = bench_procs.launch(
+        argv[0], argv[1:], log, url, ready_path, READY_TIMEOUT_S, _warm, label
+    )
     try:
-        try:
-            bench_procs.wait_ready(url, ready_path, process, READY_TIMEOUT_S)
-        except RuntimeError as err:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{label}: {err}\n{tail}") from err
-        startup_s = time.perf_counter() - began
-        _warm(url)
-        time.sleep(0.5)
-        out: dict[str, Any] = {
-            "startup_s": round(startup_s, 2),
-            "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
-        }
         for mode in modes:
             share = REPEAT_SHARE if mode == "repeated" else 0.0
             out[mode] = {}

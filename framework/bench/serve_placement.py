@@ -189,24 +189,9 @@ def _start(
     log = folder / f"{label.replace(':', '-').replace(' ', '-')}.log"
     args = ["serve", "--policy", policy_path, "--port", str(port)]
     report(f"{label}: starting")
-    began = time.perf_counter()
-    process = bench_procs.start(bench_procs.CLI_MODULE, args, log)
-    try:
-        try:
-            bench_procs.wait_ready(url, "/ready", process, READY_TIMEOUT_S)
-        except RuntimeError as err:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{label}: {err}\n{tail}") from err
-        startup_s = time.perf_counter() - began
-        warm(url)
-        time.sleep(0.5)
-        figures = {
-            "startup_s": round(startup_s, 2),
-            "idle_rss_mb": bench_procs.tree_rss_mb(process.pid),
-        }
-    except BaseException:  # not ready, or its warm-up requests failed: no server left behind
-        bench_procs.stop(process)
-        raise
+    process, figures = bench_procs.launch(
+        bench_procs.CLI_MODULE, args, log, url, "/ready", READY_TIMEOUT_S, warm, label
+    )
     return _Stack(label, url, process, figures)
 
 

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "MODULE",
     "build_baseline_app",
     "free_port",
+    "launch",
     "start",
     "stop",
     "tree_rss_mb",
@@ -92,6 +94,40 @@ def start(module: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+
+def launch(
+    module: str,
+    args: list[str],
+    log: Path,
+    url: str,
+    ready_path: str,
+    timeout_s: float,
+    warm: Callable[[str], None],
+    label: str,
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start a server (:func:`start`), wait until it answers ``ready_path`` (an error carries
+    its log's tail), exercise it with ``warm(url)``, and take its start-up seconds and idle
+    RSS. A server that fails any of this is stopped before the error goes up."""
+    began = time.perf_counter()
+    process = start(module, args, log)
+    try:
+        try:
+            wait_ready(url, ready_path, process, timeout_s)
+        except RuntimeError as err:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{label}: {err}\n{tail}") from err
+        startup_s = time.perf_counter() - began
+        warm(url)
+        time.sleep(0.5)  # let the warm-up's garbage go before idle memory is read
+        figures: dict[str, Any] = {
+            "startup_s": round(startup_s, 2),
+            "idle_rss_mb": tree_rss_mb(process.pid),
+        }
+    except BaseException:
+        stop(process)
+        raise
+    return process, figures
 
 
 def wait_ready(url: str, path: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
