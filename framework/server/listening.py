@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 
 from hetero.framework.policy.schema import ServerConfig
-from hetero.framework.server.protocol import guarded_h11
+from hetero.framework.server.protocol import guarded_http
 
 __all__ = ["server_config", "startup_warnings"]
 
@@ -29,7 +29,8 @@ def server_config(app: Any, server: ServerConfig, host: str, port: int) -> uvico
         port=port,
         log_level="warning",
         access_log=False,
-        http=guarded_h11(server.limits.header_timeout_s),
+        http=guarded_http(server.limits.header_timeout_s),
+        loop="uvloop",
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
     )

@@ -1,27 +1,36 @@
-"""The HTTP/1.1 connection protocol ``hetero serve`` runs: uvicorn's h11 protocol with a time
-limit on each request's line and headers.
+"""The HTTP/1.1 connection protocol ``hetero serve`` runs: uvicorn's httptools protocol (the
+C parser FastAPI's own deployments use) with a time limit on each request's line and headers.
 
 uvicorn closes idle keep-alive connections, but a client that sends a request's headers a
 byte at a time holds its connection (and the memory of its partial request) for as long as
 it likes; many such clients exhaust the server for everyone. Here a request's head must
 arrive within ``header_timeout_s`` of its first byte (or of the connection opening), else
 the connection is closed. Bodies have their own limit (``middleware.BodyLimit``).
+
+Why httptools and not uvicorn's pure-Python h11 protocol (which this module guarded until
+2026-12-06): parsing a request's head and framing its response is per-request work on the
+server's one event-loop thread; docs/serving.md gives the figures that decided it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, TypeVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["guarded_h11"]
+__all__ = ["guarded", "guarded_http"]
+
+P = TypeVar("P", H11Protocol, HttpToolsProtocol)
 
 
-def guarded_h11(header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing connections whose request head is too slow."""
+def guarded(protocol: type[P], header_timeout_s: float) -> type[P]:
+    """``protocol`` (uvicorn's httptools or h11 one), closing connections whose request head
+    is too slow. Both keep the request being answered in ``cycle``; a new one is made once its
+    head is complete, so "between requests" is: no cycle yet, or the last one answered."""
 
-    class GuardedH11Protocol(H11Protocol):
+    class Guarded(protocol):  # type: ignore[valid-type,misc]
         _head_due: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
@@ -43,7 +52,7 @@ def guarded_h11(header_timeout_s: float) -> type[H11Protocol]:
             super().connection_lost(exc)
 
         def _between_requests(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
+            return self.cycle is None or bool(self.cycle.response_complete)
 
         def _expect_head(self) -> None:
             if self._head_due is None:
@@ -54,4 +63,10 @@ def guarded_h11(header_timeout_s: float) -> type[H11Protocol]:
             if self._between_requests() and not self.transport.is_closing():
                 self.transport.close()
 
-    return GuardedH11Protocol
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{protocol.__name__}"
+    return Guarded
+
+
+def guarded_http(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    """The protocol ``hetero serve`` runs: httptools, guarded (:func:`guarded`)."""
+    return guarded(HttpToolsProtocol, header_timeout_s)

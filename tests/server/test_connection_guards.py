@@ -12,20 +12,24 @@ import httpx
 import pytest
 from conftest import ServerThread, default_with_peer_routes
 from fakes import FAKE_STAGES
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hetero.framework.server import Serving, create_app
-from hetero.framework.server.protocol import guarded_h11
+from hetero.framework.server.protocol import guarded
 
 SAFETY_S = 30  # only if the server never answers: the test then fails, it never waits on time
 
 
-@pytest.fixture(scope="module")
-def guarded() -> Iterator[ServerThread]:
+@pytest.fixture(scope="module", params=[HttpToolsProtocol, H11Protocol], ids=["httptools", "h11"])
+def guarded_server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     policy = default_with_peer_routes("header_timeout_s: 0.5, body_timeout_s: 0.5")
     runtime = Serving(policy, stage_models=FAKE_STAGES, cache_directory=tempfile.mkdtemp())
     runtime.start()
     limits = policy.spec.server.limits
-    with ServerThread(create_app(runtime), http=guarded_h11(limits.header_timeout_s)) as server:
+    with ServerThread(
+        create_app(runtime), http=guarded(request.param, limits.header_timeout_s)
+    ) as server:
         yield server
     runtime.close()
 
@@ -40,26 +44,28 @@ def raw(server: ServerThread, data: bytes) -> bytes:
         return received
 
 
-def test_a_request_head_trickled_slowly_loses_its_connection(guarded: ServerThread) -> None:
-    assert raw(guarded, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ") == b""
-    served = raw(guarded, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+def test_a_request_head_trickled_slowly_loses_its_connection(guarded_server: ServerThread) -> None:
+    assert raw(guarded_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ") == b""
+    served = raw(
+        guarded_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
     assert served.startswith(b"HTTP/1.1 200")
 
 
-def test_a_body_that_does_not_arrive_is_a_408(guarded: ServerThread) -> None:
+def test_a_body_that_does_not_arrive_is_a_408(guarded_server: ServerThread) -> None:
     head = (
         b"POST /embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: 40\r\n\r\n"
     )
-    answer = raw(guarded, head + b'{"texts": ["a"')
+    answer = raw(guarded_server, head + b'{"texts": ["a"')
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     body = b'{"texts": ["a"]}'
     complete = head.replace(b"40", str(len(body)).encode()) + body
-    assert raw(guarded, complete).startswith(b"HTTP/1.1 200")
+    assert raw(guarded_server, complete).startswith(b"HTTP/1.1 200")
 
 
-def test_dns_rebinding_and_cross_site_posts_are_refused(guarded: ServerThread) -> None:
-    with httpx.Client(base_url=guarded.url, timeout=SAFETY_S) as http:
+def test_dns_rebinding_and_cross_site_posts_are_refused(guarded_server: ServerThread) -> None:
+    with httpx.Client(base_url=guarded_server.url, timeout=SAFETY_S) as http:
         rebound = http.get("/health", headers={"Host": "evil.example:8000"})
         assert rebound.status_code == 421
         assert rebound.json()["error"]["code"] == "misdirected_request"
@@ -70,7 +76,7 @@ def test_dns_rebinding_and_cross_site_posts_are_refused(guarded: ServerThread) -
         )
         assert cross.status_code == 403
         assert cross.json()["error"]["code"] == "origin_not_allowed"
-        own = http.post("/embed", json={"texts": ["a"]}, headers={"Origin": guarded.url})
+        own = http.post("/embed", json={"texts": ["a"]}, headers={"Origin": guarded_server.url})
         assert own.status_code == 200
         assert http.post("/embed", json={"texts": ["a"]}).status_code == 200  # API clients
 
@@ -85,20 +91,20 @@ def _status_count(server: ServerThread, status: str) -> float:
 
 
 def test_a_client_leaving_mid_body_logs_one_line(
-    guarded: ServerThread, caplog: pytest.LogCaptureFixture
+    guarded_server: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before = _status_count(guarded, "499")
+    before = _status_count(guarded_server, "499")
     head = (
         b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 400\r\n\r\n"
     )
     with caplog.at_level("INFO"):
-        with socket.create_connection(("127.0.0.1", guarded.port), timeout=SAFETY_S) as sock:
+        with socket.create_connection(("127.0.0.1", guarded_server.port), timeout=SAFETY_S) as sock:
             sock.sendall(head + b'{"model": "all-minilm-l6-v2", "input": "a')
         for _ in range(1000):  # until the server has counted it (each look is a request)
-            if _status_count(guarded, "499") > before:
+            if _status_count(guarded_server, "499") > before:
                 break
-    assert _status_count(guarded, "499") == before + 1
+    assert _status_count(guarded_server, "499") == before + 1
     left = [r for r in caplog.records if "left before sending its whole body" in r.getMessage()]
     assert len(left) == 1
     assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
