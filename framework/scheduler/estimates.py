@@ -27,6 +27,7 @@ class EstimatesMixin(SchedulerState):
         for key, tables in self.tables.items():
             if key.split("/", 1)[0] == stage:
                 tables.correction[index] = run_s / modelled
+                self._calibrated[(key, index)] = run_s / modelled  # drift is judged from it
                 tables.refresh(index)
 
     def estimate_s(self, stage: str, variant: str, device_id: str, items: int = 1) -> float:

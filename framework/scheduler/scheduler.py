@@ -38,7 +38,8 @@ from hetero.framework.scheduler.decisions import (
     SchedulerStats,
 )
 from hetero.framework.scheduler.estimates import EstimatesMixin
-from hetero.framework.scheduler.memory import MemoryManager, share_memory
+from hetero.framework.scheduler.exploring import ExploringMixin
+from hetero.framework.scheduler.memory import LoadPlan, MemoryManager, share_memory
 from hetero.framework.scheduler.output_lengths import OutputLengths
 from hetero.framework.scheduler.queues import LiveTally, QueueClass, StageQueue
 from hetero.framework.scheduler.residency import ResidencyMixin
@@ -81,7 +82,7 @@ def _always(stage: str, variant: str, device_id: str) -> bool:
     return True
 
 
-class Scheduler(ResidencyMixin, EstimatesMixin):
+class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
     """Queues per stage, cost-model placement, memory and breakers for one fleet."""
 
     def __init__(
@@ -168,6 +169,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         self._fleet_searched(search)
         self.smoothing = spec.scheduler.measured_smoothing
         self._fleet_arrays(count)
+        self._init_exploring()
         self._breakers: dict[tuple[str, int], DeviceBreaker] = {}
         self._breaker_blocked = {name: np.zeros(count, bool) for name in spec.stages}
         self._not_closed: dict[str, set[int]] = {name: set() for name in spec.stages}
@@ -225,6 +227,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
         if self._grouped:
             mask &= self._group_room(tables)
+            if self._trials:  # a runner-up runtime being measured takes the resource's room
+                self._narrow_to_trials(tables, mask)
         if self._drains:
             mask &= ~tables.draining
 
@@ -462,15 +466,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if not np.count_nonzero(mask):
             reasons = self._why_not(task, costs, blocked)
             return Rejection(task, NoEligibleDeviceError(task.stage, reasons))
-        self._with_room(tables, mask)
-        found = None
         kv_bytes = self.kv_bytes(task, tables)
-        if task.stage in self._preferred:
-            local = mask & self._local[task.stage]
-            if np.count_nonzero(local):  # where the stage prefers
-                found = self._find_room(task, tables, local, now, kv_bytes)
-        if found is None:
-            found = self._find_room(task, tables, mask, now, kv_bytes)
+        found = self._room_for(task, tables, mask, now, kv_bytes)
         if found is None:
             return None  # every candidate is full of busy models: wait for room
         index, terms, plan = found
@@ -494,6 +491,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         estimate = terms["load"] + terms["compute"] + terms["transfer"]
         tables.pending[index] += 1
         tables.refresh(index)
+        self._trial_dispatched(tables, index)
         self.in_flight[index] += 1
         queued_behind = self._backlog_share(tables, index, estimate)
         self.backlog[index] += queued_behind
@@ -523,6 +521,27 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         return Dispatch(
             task, device_id, costs.key, plan, decision, estimate, queued_behind, kv_bytes
         )
+
+    def _room_for(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float, kv_bytes: int
+    ) -> tuple[int, dict[str, float], LoadPlan] | None:
+        """The device for ``task`` among the eligible ones in ``mask`` (narrowed in place to
+        those with room) where its stage prefers first, the estimate's terms and what to load
+        and evict there; None: it waits. A runner-up runtime being measured that cannot take
+        it now (no memory without evicting busy models) ends its trial rather than hold the
+        others' room."""
+        self._with_room(tables, mask)
+        found = None
+        if task.stage in self._preferred:
+            local = mask & self._local[task.stage]
+            if np.count_nonzero(local):  # where the stage prefers
+                found = self._find_room(task, tables, local, now, kv_bytes)
+        if found is None:
+            found = self._find_room(task, tables, mask, now, kv_bytes)
+        if found is None and self._drop_sending_trials(tables):
+            mask[:] = self._eligible(task, tables.costs, now)[0]
+            return self._room_for(task, tables, mask, now, kv_bytes)
+        return found
 
     def dispatch(self) -> Dispatch | Rejection | None:
         """Place the highest-priority task across all stages; None when nothing can go now."""
@@ -599,12 +618,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
                     batch_size,
                 )
             if modelled > 0:
-                ratio = run_s / modelled
-                correction = tables.correction
-                was = float(correction[index])
-                correction[index] += self.smoothing * (ratio - correction[index])
-                if self._grouped and was > 0:
-                    self._share_correction(tables, index, float(correction[index]) / was)
+                self._learn(tables, index, run_s / modelled, dispatch.task.items, batch_size)
+        elif self._grouped:
+            self._trial_finished(tables, index, None)
         tables.refresh(index)
         breaker = self.breaker(dispatch.task.stage, dispatch.device_id)
         before = breaker.state
@@ -614,6 +630,22 @@ class Scheduler(ResidencyMixin, EstimatesMixin):
         if breaker.state is not before:
             self.stats.counts[f"breaker_{breaker.state.value}"] += 1
         self._unblock()
+
+    def _learn(
+        self, tables: StageTables, index: int, ratio: float, items: int, batch_size: int
+    ) -> None:
+        """A task's batch ran ``ratio`` times the cost model's figure on device ``index``:
+        move its correction (and its compute resource's, :meth:`_share_correction`), unless
+        it was a trial of a runner-up runtime (:mod:`exploring`)."""
+        if self._grouped and self._trial_finished(tables, index, ratio):
+            return
+        correction = tables.correction
+        was = float(correction[index])
+        correction[index] += self.smoothing * (ratio - correction[index])
+        if self._grouped:
+            if was > 0:
+                self._share_correction(tables, index, float(correction[index]) / was)
+            self._batch_counted(tables, index, items, batch_size)
 
     @property
     def next_retry_at(self) -> float:

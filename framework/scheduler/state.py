@@ -69,6 +69,8 @@ class SchedulerState:
     _kv_pace: dict[str, tuple[BandwidthHint, np.ndarray]]
     _kv_keys: tuple[str, ...]
     _kv_device_figures: dict[str, tuple[BandwidthHint, np.ndarray, np.ndarray]]
+    # each device's correction as warm-up set it, per (model key, device index); absent: 1.0
+    _calibrated: dict[tuple[str, int], float]
 
     def _backlog_moved(self, index: int) -> None:
         """Device ``index``'s backlog changed: the bounded search's host floors of every

@@ -1,0 +1,210 @@
+"""Runtimes of one compute resource compared under the load they run, not only alone.
+
+The scheduler's correction of a device (measured over modelled run time) is learnt from the
+batches that ran there. Runtimes that share one compute resource (OpenVINO, ONNX Runtime and
+torch over one host's cores) get one batch of a model in flight between them, so in service
+only the runtime placement prefers runs the model, and the others' corrections move with its
+own by the same factor (``Scheduler._share_correction``): their ranking stays the one warm-up
+measured, one probe each, alone. Under load that ranking can be wrong: the batch sizes the load
+makes and the other models running beside them on the same cores are not the probe's.
+
+So the runner-up is measured in service, a batch at a time:
+
+- **When.** The preferred runtime's correction moved from its warm-up figure by a factor ``f``
+  (either way): the cost model is off by that much there, so a runtime of its group whose
+  estimate is within ``f`` of its own may in truth be faster. Also while the preferred runtime
+  is not the one warm-up found fastest: service evidence overrode warm-up's, and it goes on
+  being checked (the load that made it may have passed). Otherwise nothing is explored: a cost
+  model that holds, as at low load, costs nothing.
+- **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
+  batch goes to the runner-up (the best estimate of the group's other runtimes), of the size the
+  preferred one last ran. At most one batch in ``EXPLORE_EVERY + 1`` runs where the estimate
+  says slower. A runner-up that is not loaded first runs one task unmeasured (loading and lazy
+  initialisation are not its pace).
+- **What it changes.** The trial's measured correction replaces the shared one half-way (the
+  earlier ranking and the new side-by-side evidence weigh alike) and is not shared with the
+  group (it is this runtime's own evidence, not the resource's level). A runner-up that
+  measures faster becomes the preferred runtime, and the former one the runner-up, measured
+  in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetero.framework.scheduler.state import SchedulerState
+from hetero.framework.scheduler.tables import StageTables
+
+__all__ = ["EXPLORE_EVERY", "ExploringMixin"]
+
+logger = logging.getLogger(__name__)
+
+# One batch in this many + 1 may go to a runtime estimated slower: the cost of checking, at
+# most 1/33 of a model's batches on a compute resource, each slower by at most the drift that
+# allowed it.
+EXPLORE_EVERY = 32
+
+
+@dataclass(slots=True)
+class _Trial:
+    """A runner-up being measured: tasks still to send it, tasks sent and not finished, the
+    ratios measured (measured over modelled, per finished task), and whether its first task
+    only warms it up (it was not loaded)."""
+
+    device: int
+    size: int
+    warming: bool
+    left: int = 0
+    sent: int = 0
+    ratios: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _GroupRecord:
+    """A model on one compute resource: batches since its last trial, the trial under way."""
+
+    batches: float = 0.0
+    trial: _Trial | None = None
+
+
+class ExploringMixin(SchedulerState):
+    """Trials of the runner-up runtime of a compute resource (module docstring)."""
+
+    _explore: dict[tuple[str, int], _GroupRecord]  # per (model key, compute group)
+    _trials: dict[str, dict[int, _Trial]]  # per model key: trials under way by device
+
+    def _init_exploring(self) -> None:
+        self._calibrated = {}
+        self._explore = {}
+        self._trials = {}
+
+    def _narrow_to_trials(self, tables: StageTables, mask: np.ndarray) -> None:
+        """While a trial of this model sends tasks, the other devices of its compute
+        resource get none (in place on ``mask``); other resources still compete."""
+        trials = self._trials.get(tables.costs.key)
+        if not trials:
+            return
+        group = self._compute_group
+        for index, trial in trials.items():
+            if trial.left > 0 and mask[index]:
+                others = group == group[index]
+                others[index] = False
+                mask &= ~others
+
+    def _drop_sending_trials(self, tables: StageTables) -> bool:
+        """End this model's trials that still had tasks to send; whether there were any."""
+        trials = self._trials.get(tables.costs.key)
+        if not trials:
+            return False
+        sending = [index for index, trial in trials.items() if trial.left > 0]
+        for index in sending:
+            del trials[index]
+        return bool(sending)
+
+    def _trial_dispatched(self, tables: StageTables, index: int) -> None:
+        """A task of the model went to device ``index``: one fewer for its trial."""
+        if not self._trials:
+            return
+        trials = self._trials.get(tables.costs.key)
+        trial = trials.get(index) if trials else None
+        if trial is not None and trial.left > 0:
+            trial.left -= 1
+            trial.sent += 1
+
+    def _trial_finished(self, tables: StageTables, index: int, ratio: float | None) -> bool:
+        """A task of a trial on ``index`` finished (``ratio``: measured over modelled, None
+        when it failed); True when the task was a trial's (its correction is not shared)."""
+        key = tables.costs.key
+        trials = self._trials.get(key)
+        trial = trials.get(index) if trials else None
+        if trial is None or trial.sent == 0:
+            return False
+        trial.sent -= 1
+        if trial.warming:  # its first task loaded it: not its pace; now the measured batch
+            trial.warming = False
+            trial.left = trial.size
+            return True
+        if ratio is not None:
+            trial.ratios.append(ratio)
+        if trial.left == 0 and trial.sent == 0:
+            assert trials is not None
+            del trials[index]
+            if trial.ratios:
+                correction = tables.correction
+                measured = float(np.mean(trial.ratios))
+                correction[index] += 0.5 * (measured - correction[index])
+                tables.refresh(index)
+                self.stats.counts["runtime_trials"] += 1
+                logger.info(
+                    "%s: runner-up %s tried under load: %.2fx the cost model (correction now "
+                    "%.2f; one item %.2f ms there, %.2f ms at best on its compute resource)",
+                    key,
+                    self.devices[index].id,
+                    measured,
+                    float(correction[index]),
+                    float(tables.unit_s[index]) * 1e3,
+                    float(np.min(tables.unit_s[self._compute_group == self._compute_group[index]]))
+                    * 1e3,
+                )
+        return True
+
+    def _batch_counted(self, tables: StageTables, index: int, items: int, batch_size: int) -> None:
+        """A task of ``items`` items of a batch of ``batch_size`` items finished on ``index``
+        (the preferred runtime): after :data:`EXPLORE_EVERY` batches, start a trial of the
+        runner-up if it may be faster (module docstring)."""
+        group = int(self._compute_group[index])
+        record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
+        batch_size = max(1, batch_size)
+        record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
+        if record.batches < EXPLORE_EVERY:
+            return
+        record.batches = 0
+        trials = self._trials.setdefault(tables.costs.key, {})
+        members = np.flatnonzero(self._compute_group == group)
+        for member in [int(m) for m in members if int(m) in trials]:
+            if self.healthy[member] and not tables.draining[member]:
+                return  # one trial at a time per resource
+            del trials[member]  # its device left placement: it cannot finish
+        runner_up = self._runner_up(tables, index, members, batch_size)
+        if runner_up is not None:
+            tasks = max(1, round(batch_size / max(1, items)))  # the batch's tasks, about
+            warming = not bool(tables.resident[runner_up])
+            trials[runner_up] = _Trial(runner_up, tasks, warming, left=1 if warming else tasks)
+
+    def _runner_up(
+        self, tables: StageTables, index: int, members: np.ndarray, batch_size: int
+    ) -> int | None:
+        """The group's other runtime to measure, or None: the best estimate among those that
+        may be faster than ``index`` by what the cost model's drift there allows, or warm-up's
+        fastest while ``index`` is not it."""
+        key = tables.costs.key
+        costs = tables.costs
+        others = [
+            int(m)
+            for m in members
+            if int(m) != index and costs.runnable[m] and self.healthy[m] and not tables.draining[m]
+        ]
+        if not others:
+            return None
+        size = min(max(1, batch_size), costs.hint.max_batch)
+
+        def estimate(device: int, correction: float) -> float:
+            batches = costs.batch_s[device] if costs.batch_s else ()
+            modelled = batches[size] if size < len(batches) else costs.marginal_s[device, 0] * size
+            return float(modelled) * correction
+
+        best = min(others, key=lambda m: estimate(m, float(tables.correction[m])))
+        calibrated = self._calibrated.get((key, index), 1.0)
+        drift = float(tables.correction[index]) / calibrated if calibrated > 0 else 1.0
+        band = max(drift, 1.0 / drift) if drift > 0 else 1.0
+        if estimate(best, float(tables.correction[best])) < band * estimate(
+            index, float(tables.correction[index])
+        ):
+            return best
+        warm_best = min(
+            [index, *others], key=lambda m: estimate(m, self._calibrated.get((key, m), 1.0))
+        )
+        return warm_best if warm_best != index else None

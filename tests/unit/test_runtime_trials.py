@@ -1,0 +1,128 @@
+"""Runtimes of one CPU compared under load (``framework/scheduler/exploring.py``): when the
+preferred runtime's measured runs drift from its warm-up figure by more than the gap to the
+runner-up, one batch in ``EXPLORE_EVERY`` goes to the runner-up, and what it measures there
+decides which runtime takes the model. Each test has its control: no drift, no trial."""
+
+from __future__ import annotations
+
+from hetero.framework.devices import DeviceClass, DeviceSpec
+from hetero.framework.policy import load_policy_text
+from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
+from hetero.framework.scheduler.exploring import EXPLORE_EVERY
+from hetero.framework.topology import Topology
+
+POLICY = """\
+version: 1
+stages:
+  embed:
+    modality: text
+    variants:
+      full: {flops_per_item: 10 GFLOPS, bytes_per_item: 1 MB, resident_bytes: 1 MB,
+             max_batch: 2}
+scheduler: {memory_reserve_fraction: 0.0}
+qos:
+  default_class: standard
+  classes: {standard: {weight: 1, sla_tier: t}}
+sla_tiers: {t: {deadline_ms: 1000}}
+"""
+FIRST, RUNNER_UP = "npu:first/CPU", "npu:second/CPU"
+
+
+def _device(local: str, flops: float) -> DeviceSpec:
+    return DeviceSpec(
+        id=f"npu:{local}",
+        device_class=DeviceClass.CPU,
+        vendor_name="host CPU",
+        backend="npu",
+        host="box",
+        memory_bytes=1 << 30,
+        peak_flops={"fp32": flops},
+        memory_bandwidth_bytes_per_s=1e10,
+        properties={"shares_host_memory": True},
+    )
+
+
+def _scheduler() -> Scheduler:
+    """Two runtimes of one CPU, the runner-up 1.2x slower by warm-up's probes."""
+    devices = [_device("first/CPU", 1.2e11), _device("second/CPU", 1e11)]
+    scheduler = Scheduler(
+        load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
+    )
+    for device in (FIRST, RUNNER_UP):  # warm-up: each as the cost model says
+        scheduler.calibrate("embed", device, _modelled(scheduler, device, 1), 1)
+    return scheduler
+
+
+def _modelled(scheduler: Scheduler, device_id: str, size: int) -> float:
+    costs = scheduler.tables["embed/full"].costs
+    return float(costs.batch_s[scheduler.fleet.index[device_id]][size])
+
+
+def _run_batches(
+    scheduler: Scheduler, count: int, pace: dict[str, float], first_run: float = 1.0
+) -> list[str]:
+    """``count`` rounds of two tasks, each batch taking ``pace[device]`` times the cost
+    model's figure there (a device's first batch ``first_run`` times more: its lazy set-up);
+    the devices the tasks went to, in order."""
+    ran: list[str] = []
+    for _ in range(count):
+        for _ in range(2):
+            scheduler.enqueue(StageTask("r", "embed", "embed", "full", "standard", 0.0, 1.0))
+        placed: list[Dispatch] = []
+        while isinstance(outcome := scheduler.dispatch(), Dispatch):
+            placed.append(outcome)
+        for dispatch in placed:
+            device = dispatch.device_id
+            size = sum(1 for d in placed if d.device_id == device)
+            factor = pace[device] * (first_run if device not in ran else 1.0)
+            run_s = factor * _modelled(scheduler, device, size)
+            scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=size)
+        ran.extend(d.device_id for d in placed)
+    return ran
+
+
+def test_a_runner_up_is_tried_when_service_drifts_and_takes_over_when_faster() -> None:
+    scheduler = _scheduler()
+    # Under load the preferred runtime runs 1.5x its warm-up figure; the runner-up, tried,
+    # 0.8x its own (10x on its first task: loading and lazy set-up, not its pace).
+    ran = _run_batches(scheduler, 3 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.8}, 10.0)
+    assert ran[: 2 * EXPLORE_EVERY] == [FIRST] * (2 * EXPLORE_EVERY)
+    assert RUNNER_UP in ran
+    assert ran[-2:] == [RUNNER_UP] * 2  # it measured faster: it takes the model
+    assert scheduler.stats.counts["runtime_trials"] >= 1
+    tables = scheduler.tables["embed/full"]
+    runner_up = scheduler.fleet.index[RUNNER_UP]
+    assert float(tables.correction[runner_up]) < 1.5  # the first task's 10x was not counted
+
+
+def test_the_control_without_drift_nothing_is_tried() -> None:
+    scheduler = _scheduler()
+    ran = _run_batches(scheduler, 4 * EXPLORE_EVERY, {FIRST: 1.0, RUNNER_UP: 0.8})
+    assert set(ran) == {FIRST}
+    assert scheduler.stats.counts["runtime_trials"] == 0
+
+
+def test_a_runner_up_that_measures_slower_stays_the_runner_up() -> None:
+    scheduler = _scheduler()
+    ran = _run_batches(scheduler, 4 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 2.0})
+    tried = [i for i, device in enumerate(ran) if device == RUNNER_UP]
+    assert tried  # the drift allowed a trial
+    assert ran[-2:] == [FIRST] * 2
+    # at most a warming task and one batch per EXPLORE_EVERY batches went to it
+    assert len(tried) <= 3 * (len(ran) // (2 * EXPLORE_EVERY) + 1)
+
+
+def test_a_trial_measures_the_runner_up_alone() -> None:
+    """What a trial measures is the runner-up's own evidence: the preferred runtime's
+    correction does not move with it (a preferred runtime's own runs move the group's)."""
+    scheduler = _scheduler()
+    tables = scheduler.tables["embed/full"]
+    first = scheduler.fleet.index[FIRST]
+    _run_batches(scheduler, EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.5})
+    before = float(tables.correction[first])
+    rounds = 0
+    while not scheduler.stats.counts["runtime_trials"]:  # the trial: warming, then a batch
+        _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5})
+        rounds += 1
+        assert rounds <= 3
+    assert abs(float(tables.correction[first]) - before) < 0.05 * before
