@@ -165,9 +165,11 @@ class ExploringMixin(SchedulerState):
         trials = self._trials.setdefault(tables.costs.key, {})
         members = np.flatnonzero(self._compute_group == group)
         for member in [int(m) for m in members if int(m) in trials]:
-            if self.healthy[member] and not tables.draining[member]:
+            trial = trials[member]
+            stuck = trial.sent == 0 and trial.left > 0  # given nothing in a whole period
+            if self.healthy[member] and not tables.draining[member] and not stuck:
                 return  # one trial at a time per resource
-            del trials[member]  # its device left placement: it cannot finish
+            del trials[member]  # it cannot finish (its device left placement, or is refused)
         runner_up = self._runner_up(tables, index, members, batch_size)
         if runner_up is not None:
             tasks = max(1, round(batch_size / max(1, items)))  # the batch's tasks, about
