@@ -43,6 +43,7 @@ from hetero.framework.engine.status import (
     StageStatus,
     describe_failure,
 )
+from hetero.framework.engine.version_routing import VersionRouter
 from hetero.framework.engine.warmup import WarmUp
 from hetero.framework.errors import (
     ShedError,
@@ -119,6 +120,7 @@ class Engine:
         self.admitter = Admitter(self)
         self.warmer = WarmUp(self)
         self.versions = StageVersions(self)
+        self.routing = VersionRouter()  # which model version answers each request
         self.runner = GraphRunner(self)
         self.fills = CacheFills(self)
         self.routes = RouteRequests(self)

@@ -35,8 +35,11 @@ class CacheFills:
         for step, node in graph.nodes.items():
             if node.cache_key is None or node.after:
                 continue
+            version = self.engine.policy.stages[node.stage].model_version
             try:
-                value, tier = self.engine.features.lookup(node.stage, node.cache_key("full"))
+                value, tier = self.engine.features.lookup(
+                    node.stage, node.cache_key("full", version)
+                )
             except Exception as err:  # the cache never fails a request: a miss
                 logger.warning("cache lookup for %s failed: %s", node.stage, err)
                 continue

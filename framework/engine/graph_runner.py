@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from hetero.framework.engine.status import (
     CACHE_DEVICE,
     AccessRefusedError,
 )
+from hetero.framework.engine.version_routing import Ticket, with_fallback
 from hetero.framework.errors import (
     QueueFullError,
     ShedError,
@@ -46,6 +48,18 @@ def new_request_id(caller_id: str | None) -> str:
     own."""
     number = next(_request_ids)
     return f"{caller_id}:{number}" if caller_id else f"req-{number}"
+
+
+def on_versions(graph: RequestGraph, tickets: dict[str, Ticket]) -> RequestGraph:
+    """``graph`` with each step's stage the engine stage its ticket chose (the same graph when
+    every stage is served by itself)."""
+    if all(t.engine_stage == stage for stage, t in tickets.items()):
+        return graph
+    nodes = {
+        step: replace(node, stage=tickets[node.stage].engine_stage)
+        for step, node in graph.nodes.items()
+    }
+    return replace(graph, nodes=nodes)
 
 
 class GraphRunner:
@@ -88,14 +102,16 @@ class GraphRunner:
     def submit_graph(self, graph: RequestGraph) -> Future[EngineResult]:
         """Start a request graph; its future holds the outputs of the steps marked
         ``answer`` (masked for the principal where a stage touches a partition), where each
-        step ran and which the feature cache answered. Cancelling the future cancels the
-        request.
+        step ran, on which model version, and which the feature cache answered. Cancelling
+        the future cancels the request.
 
-        In order: access checks for every step that touches a partition; the feature cache
-        for first steps with a key (a request answered whole by the cache is never queued);
-        admission of every other step (its variant, the class's deadline behind the queue,
-        the principal's fair share of each stage); then every step whose inputs are ready is
-        queued, the others as their dependencies finish.
+        In order: each stage's model version (:mod:`version_routing`: the one serving it, or
+        a canary's); access checks for every step that touches a partition; the feature
+        cache for first steps with a key (a request answered whole by the cache is never
+        queued); admission of every other step (its variant, the class's deadline behind the
+        queue, the principal's fair share of each stage); then every step whose inputs are
+        ready is queued, the others as their dependencies finish. A request that fails on a
+        canary's version is answered again on the serving ones (``graph.falls_back``).
 
         Raises:
             UnknownRouteError: a step names a stage the engine does not run.
@@ -104,6 +120,21 @@ class GraphRunner:
                 shutting down (503).
             KeyError: unknown QoS class.
         """
+        routing = self.engine.routing
+        tickets = routing.pick(node.stage for node in graph.nodes.values())
+        try:
+            first = self._start_graph(on_versions(graph, tickets))
+        except BaseException:
+            routing.close(tickets)
+            raise
+
+        def again(retry: dict[str, Ticket]) -> Future[EngineResult]:
+            return self._start_graph(on_versions(graph, retry))
+
+        return with_fallback(routing, tickets, first, again if graph.falls_back else None)
+
+    def _start_graph(self, graph: RequestGraph) -> Future[EngineResult]:
+        """:meth:`submit_graph` of a graph whose steps name engine stages."""
         engine = self.engine
         nodes = graph.nodes
         plugins = engine.plugins
@@ -153,10 +184,11 @@ class GraphRunner:
             state.devices[step] = CACHE_DEVICE
             state.cached[step] = tier
         if engine.features is not None:
+            stages = engine.policy.stages
             for step, variant in state.variants.items():
-                key_of = nodes[step].cache_key
-                if key_of is not None:
-                    state.keys[step] = key_of(variant)
+                node = nodes[step]
+                if node.cache_key is not None:
+                    state.keys[step] = node.cache_key(variant, stages[node.stage].model_version)
         state.arrival = now = engine.clock.now()
         state.deadline = now + deadline_s
         return self.start(state, principal)

@@ -147,6 +147,9 @@ class Outcomes:
             cached=dict(state.cached),
             variants=dict(state.variants),
             reasons=dict(state.reasons),
+            model_versions={
+                step: stages[stage].model_version for step, stage in state.pipeline.stage_of.items()
+            },
         )
 
     def _answered(self, state: RequestState, step: str) -> Any:

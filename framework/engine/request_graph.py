@@ -38,7 +38,8 @@ class GraphNode:
     """One step of a request.
 
     Attributes:
-        stage: The engine's stage name (a rollout's canary has its own).
+        stage: The stage (the engine picks the model version serving it: the stage itself,
+            or a swapped-in version's engine stage, ``version_routing``).
         after: Steps whose outputs it needs.
         waits: Steps it starts after without taking their outputs: the parts of one large
             input, each waiting for the part some places before it, so only a few are in
@@ -49,8 +50,9 @@ class GraphNode:
         profile: The plugin's measure of its input (tokens, pixels, seconds), computed once by
             whoever read the input; admission and placement both see this one.
         items: Inputs it holds (a batch of texts); by default the plugin counts them.
-        cache_key: Its feature-cache key for a variant (``None``: not cached). A first step
-            with a key is looked up before admission: a hit costs no queueing.
+        cache_key: Its feature-cache key for a variant and the model version the engine
+            chose (``None``: not cached). A first step with a key is looked up before
+            admission: a hit costs no queueing.
         answer: Whether the caller gets its output (the others stay where they were made
             until the step that needs them takes them).
     """
@@ -61,7 +63,7 @@ class GraphNode:
     compose: Callable[[Mapping[str, Any]], Any] | None = None
     profile: RequestProfile | None = None
     items: int | None = None
-    cache_key: Callable[[str], Any] | None = None
+    cache_key: Callable[[str, str], Any] | None = None
     answer: bool = True
     waits: tuple[str, ...] = ()
 
@@ -77,6 +79,9 @@ class RequestGraph:
         principal: Who asks (access checks, fair shares, masking).
         request_id: The caller's id (the HTTP request's); the engine's id extends it.
         variant: Run every step on this variant, skipping admission's choice.
+        falls_back: A request that failed on a canary's model version is answered again on
+            the serving versions (False for one whose output already streamed: the failure
+            is counted, not run again).
     """
 
     name: str
@@ -85,3 +90,4 @@ class RequestGraph:
     principal: Any = None
     request_id: str | None = None
     variant: str | None = None
+    falls_back: bool = True

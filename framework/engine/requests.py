@@ -53,6 +53,8 @@ class EngineResult:
     """The variant each step ran (admission's choice per step)."""
     reasons: dict[str, str] = field(default_factory=dict)
     """Why admission degraded a step to its light variant, by step."""
+    model_versions: dict[str, str] = field(default_factory=dict)
+    """The model version each step ran on (the engine's choice: a canary's, say)."""
 
 
 @dataclass(slots=True)

@@ -38,10 +38,8 @@ from hetero.framework.server.graph_steps import (
     check_caller,
     ended_at,
     profile_of,
-    retried,
     step_content,
 )
-from hetero.framework.server.rollout import Ticket
 from hetero.framework.server.served import ServedStage, StageRun
 from hetero.framework.server.stage_spans import StageSpans
 from hetero.framework.stage_plugin import Generation
@@ -60,12 +58,9 @@ class GraphCalls:
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
 
-    def _key(self, stage: ServedStage, variant: str, content: bytes) -> Any:
+    def _key(self, stage: ServedStage, variant: str, model_version: str, content: bytes) -> Any:
         return feature_key(
-            content,
-            stage=stage.name,
-            model_version=stage.config.model_version,
-            params={"variant": variant},
+            content, stage=stage.name, model_version=model_version, params={"variant": variant}
         )
 
     def _cacheable(self, stage: ServedStage) -> bool:
@@ -79,58 +74,36 @@ class GraphCalls:
         caller: Caller,
         request_id: str | None = None,
     ) -> GraphAnswer:
-        """One request graph through the engine, submitted once: every step's stage on the
-        version chosen when the request starts (a request that failed on a canary runs again
-        on the version serving the stage), the answer's outputs masked by the engine for the
-        caller's role, how each step ran, and its spans in the request's trace."""
-        tickets = self._tickets(steps, caller)
-        try:
-            try:
-                return await self._await(self._start(name, steps, tickets, caller, request_id))
-            except Exception as err:
-                retry = retried(tickets, err)
-                if retry is None:
-                    raise
-                tickets = retry
-                return await self._await(self._start(name, steps, tickets, caller, request_id))
-        finally:
-            for ticket in tickets.values():
-                ticket.close()
-
-    def _tickets(self, steps: Mapping[str, Step], caller: Caller) -> dict[str, Ticket]:
-        """The version of each stage the request runs on, one per stage."""
-        self.serving.ready_engine()
-        tickets: dict[str, Ticket] = {}
-        try:
-            for step in steps.values():
-                if step.stage.name not in tickets:
-                    check_caller(step.stage, caller)
-                    tickets[step.stage.name] = self.serving.versions.pick(step.stage)
-        except BaseException:
-            for ticket in tickets.values():
-                ticket.close()
-            raise
-        return tickets
+        """One request graph through the engine, submitted once (the engine picks each
+        stage's model version when the request starts, and answers a request that failed
+        on a canary again on the version serving the stage), the answer's outputs masked by
+        the engine for the caller's role, how each step ran, and its spans in the request's
+        trace."""
+        return await self._await(self._start(name, steps, caller, request_id))
 
     def _start(
         self,
         name: str,
         steps: Mapping[str, Step],
-        tickets: Mapping[str, Ticket],
         caller: Caller,
         request_id: str | None,
+        *,
+        falls_back: bool = True,
     ) -> Started:
         """Build the request graph and submit it (admission included: what it counted is
         what is queued)."""
         engine = self.serving.ready_engine()
-        stages = {step: tickets[spec.stage.name].stage for step, spec in steps.items()}
-        nodes = {step: self._node(spec, stages[step], caller) for step, spec in steps.items()}
+        for spec in steps.values():
+            check_caller(spec.stage, caller)
+        stages = {step: spec.stage for step, spec in steps.items()}
+        nodes = {step: self._node(spec, spec.stage, caller) for step, spec in steps.items()}
         graph = RequestGraph(
             name,
             nodes,
             qos_class=caller.qos_class,
             principal=caller.principal,
             request_id=request_id,
+            falls_back=falls_back,
         )
         spans = {step: StageSpans(spec.stage.name) for step, spec in steps.items()}
         began = time.monotonic()
@@ -149,7 +122,7 @@ class GraphCalls:
         if stage.sensitive and caller.subject is not None and isinstance(payload, bytes):
             payload = SubjectData(payload, caller.subject)  # what the partition keeps is theirs
         return GraphNode(
-            stage.engine_name,
+            stage.name,  # the engine picks the version serving it
             spec.after,
             payload=payload,
             compose=spec.compose,
@@ -185,7 +158,7 @@ class GraphCalls:
                 variant,
                 tier is not None,
                 reason,
-                stage.config.model_version,
+                result.model_versions.get(step, stage.config.model_version),
             )
             runs[step] = run
             spans = started.spans[step]
@@ -302,13 +275,8 @@ class GraphCalls:
 
         job = Generation([], max_tokens, temperature, seed, on_piece, stop_sequences=stop)
         steps = _generation_steps(stage, job, messages, before or {}, prompt_ids)
-        tickets = self._tickets(steps, caller)
-        try:
-            started = self._start(stage.name, steps, tickets, caller, request_id)
-        except BaseException:
-            for ticket in tickets.values():
-                ticket.close()
-            raise
+        # a generation streams as it goes: one that fails on a canary is counted, not rerun
+        started = self._start(stage.name, steps, caller, request_id, falls_back=False)
         summary: asyncio.Future[dict[str, Any]] = loop.create_future()
         began = time.monotonic()
         task = asyncio.ensure_future(asyncio.wrap_future(started.future))
@@ -317,9 +285,6 @@ class GraphCalls:
         def finished(done: asyncio.Future[EngineResult]) -> None:
             pieces.put_nowait(None)
             error = None if done.cancelled() else done.exception()
-            for ticket in tickets.values():
-                retry = ticket.failed(error) if error is not None else None
-                (retry or ticket).close()
             if summary.done():
                 return
             if done.cancelled():

@@ -12,7 +12,6 @@ from hetero.framework.engine import EngineResult, StepTrace
 from hetero.framework.scheduler import RequestProfile
 from hetero.framework.server.auth import Caller
 from hetero.framework.server.errors import APIError
-from hetero.framework.server.rollout import Ticket
 from hetero.framework.server.served import ServedStage, StageRun
 from hetero.framework.server.stage_spans import StageSpans
 
@@ -25,7 +24,6 @@ __all__ = [
     "check_caller",
     "ended_at",
     "profile_of",
-    "retried",
     "step_content",
 ]
 
@@ -86,18 +84,6 @@ def profile_of(stage: ServedStage, payload: Any) -> RequestProfile | None:
     except Exception:  # a payload it cannot measure is judged by the run itself
         return None
     return profile
-
-
-def retried(tickets: Mapping[str, Ticket], error: BaseException) -> dict[str, Ticket] | None:
-    """The tickets to answer a request again with, when it failed on a canary."""
-    out = dict(tickets)
-    again = False
-    for name, ticket in tickets.items():
-        retry = ticket.failed(error)
-        if retry is not None:
-            out[name] = retry
-            again = True
-    return out if again else None
 
 
 def ended_at(ran: Sequence[StepTrace]) -> float | None:

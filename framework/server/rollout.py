@@ -1,5 +1,6 @@
-"""Zero-downtime model version swaps: which version of a stage answers each request, and the
-move from one version to the next when a policy reload changes ``stages.<name>.model_version``.
+"""Zero-downtime model version swaps: the move from one model version of a stage to the next
+when a policy reload changes ``stages.<name>.model_version`` (which version answers each
+request is the engine's choice: ``framework/engine/version_routing.py``).
 
 A swap loads the new version beside the old one as a stage of its own in the same engine
 (``<stage>@<model_version>``: its own queue, placement, residency, lanes and breakers), warms
@@ -23,16 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.errors import InvalidInputError, PolicyError, ShedError
+from hetero.framework.engine.version_routing import Canary, VersionRouter
+from hetero.framework.errors import PolicyError
 from hetero.framework.policy.schema import RolloutConfig, StageConfig
 from hetero.framework.stage_plugin import stage_kind
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from hetero.framework.server.served import ServedStage
     from hetero.framework.server.serving import Serving
 
-__all__ = ["ModelVersions", "Rollout", "RolloutFailedError", "Ticket"]
+__all__ = ["ModelVersions", "Rollout", "RolloutFailedError"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class Rollout:
     new version serves; the old finishes its requests), ``done`` (the old is unloaded),
     ``rolling_back`` / ``rolled_back`` (the new version failed its probe or canary and is
     being / was unloaded; the old serves), ``failed`` (unloading raised: see the log).
+    Requests are routed by the engine (:class:`~hetero.framework.engine.version_routing.
+    VersionRouter`); ``canary`` is its record of the canary's requests.
     """
 
     stage: str
@@ -80,13 +82,12 @@ class Rollout:
     reason: str = ""
     started_at: float = field(default_factory=time.monotonic)
     switched_at: float | None = None
-    routed: Counter[str] = field(default_factory=Counter)  # canary decisions: old / new
-    answered: int = 0  # canary requests the new version answered
-    failed: int = 0  # canary requests it failed (answered again by the old one)
+    canary: Canary | None = None
     probe_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (the reload report and ``GET /admin/rollouts``)."""
+        canary = self.canary
         return {
             "stage": self.stage,
             "from": self.old.config.model_version,
@@ -97,135 +98,56 @@ class Rollout:
             "probe_s": self.probe_s,
             "canary": {
                 "share": self.config.canary_share,
-                "routed_old": self.routed["old"],
-                "routed_new": self.routed["new"],
-                "answered": self.answered,
-                "failed": self.failed,
+                "routed_old": canary.routed["old"] if canary else 0,
+                "routed_new": canary.routed["new"] if canary else 0,
+                "answered": canary.answered if canary else 0,
+                "failed": canary.failed if canary else 0,
             },
         }
 
 
-class Ticket:
-    """The version one request runs on; :meth:`close` it when the request ends."""
-
-    def __init__(self, versions: ModelVersions, stage: ServedStage, canary: Rollout | None):
-        self.versions = versions
-        self.stage = stage
-        self.canary = canary
-        self._open = True
-
-    def failed(self, error: BaseException) -> Ticket | None:
-        """The request failed on this version. For a canary request failing on the model
-        (not on its input or on load), this closes the ticket, counts the failure and gives
-        a ticket for the version that serves the stage, to answer it again; otherwise None."""
-        if self.canary is None or isinstance(error, InvalidInputError | ShedError):
-            return None
-        if getattr(error, "status", 500) < 500:  # an API error: the request's own fault
-            return None
-        return self.versions.canary_failed(self, error)
-
-    def close(self) -> None:
-        """The request ended (idempotent); a canary answer is counted as answered."""
-        if self._open:
-            self._open = False
-            self.versions.release(self)
-
-
 class ModelVersions:
-    """The versions of each served stage: requests' choice of version, and swaps."""
+    """The swaps of each served stage's model version (the engine routes each request to a
+    version: ``engine.routing``)."""
 
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
         self._cond = threading.Condition()
-        self._inflight: Counter[str] = Counter()  # requests per engine stage
-        self._canaries: dict[str, Rollout] = {}
         self.rollouts: dict[str, Rollout] = {}  # the latest per stage
 
-    # --- requests --------------------------------------------------------------------
+    def _router(self) -> VersionRouter:
+        engine = self.serving.engine
+        assert engine is not None
+        engine.routing.on_end = self._canary_ended
+        return engine.routing
 
-    def pick(self, stage: ServedStage) -> Ticket:
-        """The version a request of ``stage`` runs on (the stage's current one, or during a
-        canary every 1/share-th request the new one)."""
+    def _canary_ended(self, canary: Canary) -> None:
+        """The engine ended a canary: its version serves the stage now, or it failed and the
+        old version's policy is put back."""
         with self._cond:
-            current = self.serving.stages.get(stage.name, stage)
-            rollout = self._canaries.get(stage.name)
-            chosen, canary = current, None
-            if rollout is not None:
-                share = rollout.config.canary_share
-                seen = rollout.routed["old"] + rollout.routed["new"]
-                if math.floor((seen + 1) * share) > math.floor(seen * share):
-                    chosen, canary = rollout.new, rollout
-                rollout.routed["new" if canary else "old"] += 1
-            self._inflight[chosen.engine_name] += 1
-            return Ticket(self, chosen, canary)
-
-    def release(self, ticket: Ticket) -> None:
-        """A request on ``ticket``'s version ended (:meth:`Ticket.close`)."""
-        promote = None
-        with self._cond:
-            self._inflight[ticket.stage.engine_name] -= 1
-            rollout = ticket.canary
-            if rollout is not None and rollout.state == "canary":
-                rollout.answered += 1
-                if self._canary_over(rollout):
-                    promote = rollout
-                    self._switch(rollout)
+            rollout = self.rollouts.get(canary.stage)
+            if rollout is None or rollout.canary is not canary:
+                return
+            if canary.state == "promoted":
+                self.serving.stages = {**self.serving.stages, rollout.stage: rollout.new}
+                rollout.state = "draining"
+                rollout.switched_at = time.monotonic()
+            else:
+                rollout.state, rollout.reason = "rolling_back", canary.reason
             self._cond.notify_all()
-        if promote is not None:
-            logger.info("stage %s: canary of %s passed", promote.stage, promote.new.engine_name)
-
-    def canary_failed(self, ticket: Ticket, error: BaseException) -> Ticket:
-        """Count a canary failure (rolling back past the error budget) and hand the request
-        to the version that serves the stage."""
-        rollout = ticket.canary
-        assert rollout is not None
-        ticket._open = False
-        back = False
-        with self._cond:
-            self._inflight[ticket.stage.engine_name] -= 1
-            rollout.failed += 1
-            budget = rollout.config.max_error_rate * max(
-                rollout.answered + rollout.failed, rollout.config.canary_min_requests
-            )
-            if rollout.state == "canary" and rollout.failed > budget:
-                back = True
-                self._canaries.pop(rollout.stage, None)
-                rollout.state = "rolling_back"
-                rollout.reason = (
-                    f"{rollout.failed} of {rollout.answered + rollout.failed} canary requests "
-                    f"failed (last: {type(error).__name__}: {error})"
-                )
-            self._cond.notify_all()
-            primary = self.serving.stages.get(rollout.stage, rollout.old)
-            self._inflight[primary.engine_name] += 1
-        logger.warning(
-            "stage %s: canary request failed on %s: %s",
-            rollout.stage,
-            ticket.stage.engine_name,
-            error,
-        )
-        if back:
+        if canary.state != "promoted":
             self.serving.use_policy(
                 self.serving.current_policy.with_stages({rollout.stage: rollout.old.config})
             )
-        return Ticket(self, primary, None)
-
-    def _canary_over(self, rollout: Rollout) -> bool:
-        """Whether the canary has run its time and count (lock held)."""
-        config = rollout.config
-        return (
-            rollout.answered >= config.canary_min_requests
-            and time.monotonic() - rollout.started_at >= config.canary_s
-        )
 
     def _switch(self, rollout: Rollout) -> None:
-        """Make the new version the stage's: every request from now on runs on it (lock
-        held)."""
-        self._canaries.pop(rollout.stage, None)
-        self.serving.stages = {**self.serving.stages, rollout.stage: rollout.new}
-        rollout.state = "draining"
-        rollout.switched_at = time.monotonic()
-        self._cond.notify_all()
+        """Make the new version the stage's: every request from now on runs on it."""
+        self._router().switch(rollout.stage, rollout.new.engine_name)
+        with self._cond:
+            self.serving.stages = {**self.serving.stages, rollout.stage: rollout.new}
+            rollout.state = "draining"
+            rollout.switched_at = time.monotonic()
+            self._cond.notify_all()
 
     # --- swaps -----------------------------------------------------------------------
 
@@ -293,14 +215,19 @@ class ModelVersions:
     def start(self, rollout: Rollout) -> None:
         """Shift traffic to a prepared version per its rollout strategy; the old one is
         drained and unloaded (or, after a failed canary, the new one) on a thread."""
+        router = self._router()
         with self._cond:
             self.rollouts[rollout.stage] = rollout
             rollout.started_at = time.monotonic()
-            if rollout.config.strategy == "canary":
+        if rollout.config.strategy == "canary":
+            rollout.canary = Canary(
+                rollout.stage, rollout.old.engine_name, rollout.new.engine_name, rollout.config
+            )
+            with self._cond:
                 rollout.state = "canary"
-                self._canaries[rollout.stage] = rollout
-            else:
-                self._switch(rollout)
+            router.start_canary(rollout.canary)
+        else:
+            self._switch(rollout)
         threading.Thread(
             target=self._finish_logged,
             args=(rollout,),
@@ -321,19 +248,20 @@ class ModelVersions:
     def _finish(self, rollout: Rollout) -> None:
         """Wait for the canary's end (if any), drain the version that stopped serving and
         unload it."""
-        with self._cond:
-            while rollout.state == "canary":
-                if self._canary_over(rollout):
-                    self._switch(rollout)
-                    break
-                remaining = rollout.config.canary_s - (time.monotonic() - rollout.started_at)
-                self._cond.wait(timeout=remaining if remaining > 0 else None)
-            promoted = rollout.state == "draining"
-            leaving = rollout.old if promoted else rollout.new
-            self._cond.wait_for(lambda: self._inflight[leaving.engine_name] <= 0)
+        router = self._router()
+        canary = rollout.canary
+        if canary is not None:
+            router.settle_canary(canary)
+        promoted = canary is None or canary.state == "promoted"
+        leaving = rollout.old if promoted else rollout.new
+        router.wait_drained(leaving.engine_name)
         self._unload(leaving.engine_name)
         with self._cond:
+            if promoted and rollout.switched_at is None:  # the engine's word came first
+                rollout.switched_at = time.monotonic()
             rollout.state = "done" if promoted else "rolled_back"
+            if not promoted and not rollout.reason and canary is not None:
+                rollout.reason = canary.reason
             self._cond.notify_all()
         outcome = "promoted" if promoted else "rolled_back"
         self.serving.metrics.model_rollouts.labels(rollout.stage, outcome).inc()

@@ -85,7 +85,7 @@ def _graph(compose: Any, key: str = "k") -> RequestGraph:
     return RequestGraph(
         "join-both",
         {
-            "a": GraphNode("left", payload="x", cache_key=lambda variant: (key, variant)),
+            "a": GraphNode("left", payload="x", cache_key=lambda variant, version: (key, variant)),
             "b": GraphNode("right", payload="y", answer=False),
             "c": GraphNode("join", after=("a", "b"), compose=compose),
         },
@@ -170,7 +170,9 @@ def test_a_request_refused_as_it_starts_gives_its_shares_back(engine: Any) -> No
         return RequestGraph(
             "after-a-hit",
             {
-                "a": GraphNode("left", payload="x", cache_key=lambda variant: ("hit", variant)),
+                "a": GraphNode(
+                    "left", payload="x", cache_key=lambda variant, version: ("hit", variant)
+                ),
                 "c": GraphNode("join", after=("a",), compose=compose),
             },
             principal=caller,
@@ -230,7 +232,7 @@ def test_parts_that_wait_run_a_few_at_a_time_and_are_all_answered(
             "left",
             payload=f"p{n}",
             items=2,
-            cache_key=lambda variant, n=n: ("part", n),
+            cache_key=lambda variant, version, n=n: ("part", n),
             waits=(names[n - 2],) if n >= 2 else (),
         )
         for n, name in enumerate(names)
