@@ -580,6 +580,7 @@ class ServerLimits(_Frozen):
     max_output_tokens: PositiveInt = 512
     max_batch_inputs: PositiveInt = 256
     header_timeout_s: PositiveFloat = 10.0  # a connection's request line and headers
+    max_header_bytes: PositiveBytes = 16 * 2**10  # a request's line and headers (h11's bound)
     body_timeout_s: PositiveFloat = 30.0  # a request's whole body, from its first byte
 
 

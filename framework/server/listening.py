@@ -29,8 +29,8 @@ def server_config(app: Any, server: ServerConfig, host: str, port: int) -> uvico
         port=port,
         log_level="warning",
         access_log=False,
-        http=guarded_http(server.limits.header_timeout_s),
-        loop="uvloop",
+        http=guarded_http(server.limits.header_timeout_s, server.limits.max_header_bytes),
+        loop="auto",  # uvloop where it is installed (not on Windows)
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
     )

@@ -1,11 +1,14 @@
 """The HTTP/1.1 connection protocol ``hetero serve`` runs: uvicorn's httptools protocol (the
-C parser FastAPI's own deployments use) with a time limit on each request's line and headers.
+C parser FastAPI's own deployments use) with a time and a size limit on each request's line
+and headers.
 
 uvicorn closes idle keep-alive connections, but a client that sends a request's headers a
 byte at a time holds its connection (and the memory of its partial request) for as long as
 it likes; many such clients exhaust the server for everyone. Here a request's head must
 arrive within ``header_timeout_s`` of its first byte (or of the connection opening), else
-the connection is closed. Bodies have their own limit (``middleware.BodyLimit``).
+the connection is closed. Nor may a head grow past ``max_header_bytes`` (431): httptools
+itself sets no bound (uvicorn's h11 protocol had h11's 16 KiB), and a head is held whole in
+memory. Bodies have their own limits (``middleware.BodyLimit``).
 
 Why httptools and not uvicorn's pure-Python h11 protocol (which this module guarded until
 2026-12-06): parsing a request's head and framing its response is per-request work on the
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
+import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -25,13 +29,35 @@ __all__ = ["guarded", "guarded_http"]
 P = TypeVar("P", H11Protocol, HttpToolsProtocol)
 
 
-def guarded(protocol: type[P], header_timeout_s: float) -> type[P]:
+def _too_large(limit: int) -> bytes:
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": f"the request's line and headers exceed {limit} bytes",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "headers_too_large",
+            }
+        }
+    )
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/json\r\nconnection: close\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+def guarded(protocol: type[P], header_timeout_s: float, max_header_bytes: int) -> type[P]:
     """``protocol`` (uvicorn's httptools or h11 one), closing connections whose request head
-    is too slow. Both keep the request being answered in ``cycle``; a new one is made once its
-    head is complete, so "between requests" is: no cycle yet, or the last one answered."""
+    is too slow or too large. Both keep the request being answered in ``cycle``; a new one is
+    made once its head is complete, so "between requests" is: no cycle yet, or the last one
+    answered."""
+    too_large = _too_large(max_header_bytes)
 
     class Guarded(protocol):  # type: ignore[valid-type,misc]
         _head_due: asyncio.TimerHandle | None = None
+        _head_bytes = 0  # of the head being received, before this chunk
+        _tail = b""  # its last bytes: the blank line that ends it may span two chunks
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -40,10 +66,28 @@ def guarded(protocol: type[P], header_timeout_s: float) -> type[P]:
         def data_received(self, data: bytes) -> None:
             if self._between_requests():
                 self._expect_head()
+                if not self._head_fits(data):
+                    if not self.transport.is_closing():
+                        self.transport.write(too_large)
+                        self.transport.close()
+                    return
             super().data_received(data)
             if not self._between_requests() and self._head_due is not None:
                 self._head_due.cancel()  # a request's head arrived: the body has its own limit
                 self._head_due = None
+
+        def _head_fits(self, data: bytes) -> bool:
+            """Count ``data`` into the head being received (up to the blank line that ends
+            it): whether the head stays within the limit."""
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            if end < 0:
+                self._head_bytes += len(data)
+                self._tail = seen[-3:]
+                return self._head_bytes <= max_header_bytes
+            size = self._head_bytes + end + 4 - len(self._tail)
+            self._head_bytes, self._tail = 0, b""  # the next request's head starts afresh
+            return size <= max_header_bytes
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._head_due is not None:
@@ -67,6 +111,6 @@ def guarded(protocol: type[P], header_timeout_s: float) -> type[P]:
     return Guarded
 
 
-def guarded_http(header_timeout_s: float) -> type[HttpToolsProtocol]:
+def guarded_http(header_timeout_s: float, max_header_bytes: int) -> type[HttpToolsProtocol]:
     """The protocol ``hetero serve`` runs: httptools, guarded (:func:`guarded`)."""
-    return guarded(HttpToolsProtocol, header_timeout_s)
+    return guarded(HttpToolsProtocol, header_timeout_s, max_header_bytes)

@@ -61,6 +61,7 @@ COLD_PATHS = (
     "server.limits.max_body_bytes",
     "server.limits.body_timeout_s",
     "server.limits.header_timeout_s",
+    "server.limits.max_header_bytes",
 )
 
 _pinned: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(

@@ -23,12 +23,15 @@ SAFETY_S = 30  # only if the server never answers: the test then fails, it never
 
 @pytest.fixture(scope="module", params=[HttpToolsProtocol, H11Protocol], ids=["httptools", "h11"])
 def guarded_server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
-    policy = default_with_peer_routes("header_timeout_s: 0.5, body_timeout_s: 0.5")
+    policy = default_with_peer_routes(
+        "header_timeout_s: 0.5, body_timeout_s: 0.5, max_header_bytes: 4 KiB"
+    )
     runtime = Serving(policy, stage_models=FAKE_STAGES, cache_directory=tempfile.mkdtemp())
     runtime.start()
     limits = policy.spec.server.limits
     with ServerThread(
-        create_app(runtime), http=guarded(request.param, limits.header_timeout_s)
+        create_app(runtime),
+        http=guarded(request.param, limits.header_timeout_s, limits.max_header_bytes),
     ) as server:
         yield server
     runtime.close()
@@ -50,6 +53,20 @@ def test_a_request_head_trickled_slowly_loses_its_connection(guarded_server: Ser
         guarded_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
     assert served.startswith(b"HTTP/1.1 200")
+
+
+def test_a_request_head_over_the_limit_is_a_431_and_the_control_under_it_is_served(
+    guarded_server: ServerThread,
+) -> None:
+    def head(size: int) -> bytes:
+        start = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Big: "
+        return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    refused = raw(guarded_server, head(5 * 1024))
+    assert refused.startswith(b"HTTP/1.1 431"), refused[:200]
+    assert b'"code":"headers_too_large"' in refused
+    served = raw(guarded_server, head(3 * 1024))
+    assert served.startswith(b"HTTP/1.1 200"), served[:200]
 
 
 def test_a_body_that_does_not_arrive_is_a_408(guarded_server: ServerThread) -> None:
