@@ -56,8 +56,8 @@ def guarded(protocol: type[P], header_timeout_s: float, max_header_bytes: int) -
 
     class Guarded(protocol):  # type: ignore[valid-type,misc]
         _head_due: asyncio.TimerHandle | None = None
-        _head_bytes = 0  # of the head being received, before this chunk
-        _tail = b""  # its last bytes: the blank line that ends it may span two chunks
+        _head_bytes: int = 0  # of the head being received, before this chunk
+        _tail: bytes = b""  # its last bytes: the blank line that ends it may span two chunks
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
