@@ -17,9 +17,11 @@ So the runner-up is measured in service, a batch at a time:
   being checked (the load that made it may have passed). Otherwise nothing is explored: a cost
   model that holds, as at low load, costs nothing.
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
-  batch goes to the runner-up (the best estimate of the group's other runtimes), of the size the
-  preferred one last ran. At most one batch in ``EXPLORE_EVERY + 1`` runs where the estimate
-  says slower. A runner-up that is not loaded first runs one task unmeasured (loading and lazy
+  batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
+  or fits in free memory: a trial never evicts), of the size the preferred one last ran. At
+  most one batch in ``EXPLORE_EVERY + 1`` runs where the estimate says slower, and each trial
+  that leaves the runner-up the slower doubles the period (up to :data:`MAX_BACKOFF` times).
+  A runner-up that is not loaded first runs one task unmeasured (loading and lazy
   initialisation are not its pace).
 - **What it changes.** The trial's measured correction replaces the shared one half-way (the
   earlier ranking and the new side-by-side evidence weigh alike) and is not shared with the
@@ -44,30 +46,36 @@ logger = logging.getLogger(__name__)
 
 # One batch in this many + 1 may go to a runtime estimated slower: the cost of checking, at
 # most 1/33 of a model's batches on a compute resource, each slower by at most the drift that
-# allowed it.
+# allowed it. Each trial whose runner-up stays the slower doubles the period, up to
+# MAX_BACKOFF times it (a load whose drift the ranking has already survived is checked less
+# and less); a runner-up that takes over resets it.
 EXPLORE_EVERY = 32
+MAX_BACKOFF = 32
 
 
 @dataclass(slots=True)
 class _Trial:
-    """A runner-up being measured: tasks still to send it, tasks sent and not finished, the
-    ratios measured (measured over modelled, per finished task), and whether its first task
-    only warms it up (it was not loaded)."""
+    """A runner-up being measured against the preferred runtime: tasks still to send it,
+    tasks sent and not finished, the ratios measured (measured over modelled, per finished
+    task), whether its first task only warms it up (it was not loaded), and tasks of the model
+    placed elsewhere while it was given none."""
 
     device: int
+    preferred: int
     size: int
     warming: bool
     left: int = 0
     sent: int = 0
+    passed: int = 0
     ratios: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _GroupRecord:
-    """A model on one compute resource: batches since its last trial, the trial under way."""
+    """A model on one compute resource: batches since its last trial, and the period."""
 
     batches: float = 0.0
-    trial: _Trial | None = None
+    period: float = EXPLORE_EVERY
 
 
 class ExploringMixin(SchedulerState):
@@ -81,42 +89,51 @@ class ExploringMixin(SchedulerState):
         self._explore = {}
         self._trials = {}
 
-    def _narrow_to_trials(self, tables: StageTables, mask: np.ndarray) -> None:
-        """While a trial of this model sends tasks, the other devices of its compute
-        resource get none (in place on ``mask``); other resources still compete."""
+    def _trial_mask(self, tables: StageTables, mask: np.ndarray) -> np.ndarray | None:
+        """``mask`` without the other devices of the compute resource of each trial of this
+        model that has tasks to send and room for one (None: no trial narrows it)."""
         trials = self._trials.get(tables.costs.key)
         if not trials:
-            return
+            return None
+        narrowed = None
         group = self._compute_group
         for index, trial in trials.items():
             if trial.left > 0 and mask[index]:
                 others = group == group[index]
                 others[index] = False
-                mask &= ~others
+                narrowed = (mask if narrowed is None else narrowed) & ~others
+        return narrowed
 
-    def _drop_sending_trials(self, tables: StageTables) -> bool:
-        """End this model's trials that still had tasks to send; whether there were any."""
-        trials = self._trials.get(tables.costs.key)
-        if not trials:
-            return False
-        sending = [index for index, trial in trials.items() if trial.left > 0]
-        for index in sending:
-            del trials[index]
-        return bool(sending)
-
-    def _trial_dispatched(self, tables: StageTables, index: int) -> None:
-        """A task of the model went to device ``index``: one fewer for its trial."""
-        if not self._trials:
-            return
+    def _trial_took(self, tables: StageTables, index: int) -> bool:
+        """Whether device ``index`` is a trial's with tasks to send: then it takes this one."""
         trials = self._trials.get(tables.costs.key)
         trial = trials.get(index) if trials else None
-        if trial is not None and trial.left > 0:
-            trial.left -= 1
-            trial.sent += 1
+        if trial is None or trial.left <= 0:
+            return False
+        trial.left -= 1
+        trial.sent += 1
+        return True
+
+    def _trial_passed(self, tables: StageTables, narrowed: np.ndarray, *, refused: bool) -> None:
+        """A task of the model did not go to a trial's device that had room: it could not
+        take it (``refused``: no memory without evicting busy models), or another resource's
+        device won it. A refused trial ends; one that was given nothing while
+        :data:`EXPLORE_EVERY` of the model's tasks went elsewhere ends too (its device keeps
+        losing to another resource's)."""
+        trials = self._trials.get(tables.costs.key)
+        if not trials:
+            return
+        for device, trial in list(trials.items()):
+            if trial.left <= 0 or not narrowed[device]:
+                continue
+            trial.passed += 1
+            if refused or (trial.sent == 0 and trial.passed > EXPLORE_EVERY):
+                del trials[device]
 
     def _trial_finished(self, tables: StageTables, index: int, ratio: float | None) -> bool:
         """A task of a trial on ``index`` finished (``ratio``: measured over modelled, None
-        when it failed); True when the task was a trial's (its correction is not shared)."""
+        when it failed or nothing was judged); True when the task was a trial's (its
+        correction is not shared)."""
         key = tables.costs.key
         trials = self._trials.get(key)
         trial = trials.get(index) if trials else None
@@ -133,48 +150,60 @@ class ExploringMixin(SchedulerState):
             assert trials is not None
             del trials[index]
             if trial.ratios:
-                correction = tables.correction
-                measured = float(np.mean(trial.ratios))
-                correction[index] += 0.5 * (measured - correction[index])
-                tables.refresh(index)
-                self.stats.counts["runtime_trials"] += 1
-                logger.info(
-                    "%s: runner-up %s tried under load: %.2fx the cost model (correction now "
-                    "%.2f; one item %.2f ms there, %.2f ms at best on its compute resource)",
-                    key,
-                    self.devices[index].id,
-                    measured,
-                    float(correction[index]),
-                    float(tables.unit_s[index]) * 1e3,
-                    float(np.min(tables.unit_s[self._compute_group == self._compute_group[index]]))
-                    * 1e3,
-                )
+                self._judge_trial(tables, trial, float(np.mean(trial.ratios)))
         return True
+
+    def _judge_trial(self, tables: StageTables, trial: _Trial, measured: float) -> None:
+        """Move the runner-up's correction half-way to what it measured; back the period off
+        while it stays the slower."""
+        index = trial.device
+        correction = tables.correction
+        correction[index] += 0.5 * (measured - correction[index])
+        tables.refresh(index)
+        self.stats.counts["runtime_trials"] += 1
+        group = int(self._compute_group[index])
+        record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
+        if float(tables.unit_s[index]) < float(tables.unit_s[trial.preferred]):
+            record.period = EXPLORE_EVERY  # it takes over: the new ranking is checked as often
+        else:
+            record.period = min(record.period * 2, EXPLORE_EVERY * MAX_BACKOFF)
+        logger.info(
+            "%s: runner-up %s tried under load: %.2fx the cost model (correction now %.2f; "
+            "one item %.2f ms there, %.2f ms on %s; next trial after %d batches)",
+            tables.costs.key,
+            self.devices[index].id,
+            measured,
+            float(correction[index]),
+            float(tables.unit_s[index]) * 1e3,
+            float(tables.unit_s[trial.preferred]) * 1e3,
+            self.devices[trial.preferred].id,
+            int(record.period),
+        )
 
     def _batch_counted(self, tables: StageTables, index: int, items: int, batch_size: int) -> None:
         """A task of ``items`` items of a batch of ``batch_size`` items finished on ``index``
-        (the preferred runtime): after :data:`EXPLORE_EVERY` batches, start a trial of the
-        runner-up if it may be faster (module docstring)."""
+        (the preferred runtime): after a period of batches (:data:`EXPLORE_EVERY`, backed
+        off), start a trial of the runner-up if it may be faster (module docstring)."""
         group = int(self._compute_group[index])
         record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
         batch_size = max(1, batch_size)
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
-        if record.batches < EXPLORE_EVERY:
+        if record.batches < record.period:
             return
         record.batches = 0
         trials = self._trials.setdefault(tables.costs.key, {})
         members = np.flatnonzero(self._compute_group == group)
         for member in [int(m) for m in members if int(m) in trials]:
-            trial = trials[member]
-            stuck = trial.sent == 0 and trial.left > 0  # given nothing in a whole period
-            if self.healthy[member] and not tables.draining[member] and not stuck:
+            if self.healthy[member] and not tables.draining[member]:
                 return  # one trial at a time per resource
-            del trials[member]  # it cannot finish (its device left placement, or is refused)
+            del trials[member]  # its device left placement: it cannot finish
         runner_up = self._runner_up(tables, index, members, batch_size)
         if runner_up is not None:
             tasks = max(1, round(batch_size / max(1, items)))  # the batch's tasks, about
             warming = not bool(tables.resident[runner_up])
-            trials[runner_up] = _Trial(runner_up, tasks, warming, left=1 if warming else tasks)
+            trials[runner_up] = _Trial(
+                runner_up, index, tasks, warming, left=1 if warming else tasks
+            )
 
     def _runner_up(
         self, tables: StageTables, index: int, members: np.ndarray, batch_size: int
@@ -187,7 +216,12 @@ class ExploringMixin(SchedulerState):
         others = [
             int(m)
             for m in members
-            if int(m) != index and costs.runnable[m] and self.healthy[m] and not tables.draining[m]
+            if int(m) != index
+            and costs.runnable[m]
+            and self.healthy[m]
+            and not tables.draining[m]
+            # loaded, or loadable without evicting anything: a trial never costs a model
+            and (tables.resident[m] or self.memory[m].free >= int(tables.resident_bytes[m]))
         ]
         if not others:
             return None

@@ -227,8 +227,6 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
         mask &= tables.has_room  # pending < limit, kept by StageTables.refresh
         if self._grouped:
             mask &= self._group_room(tables)
-            if self._trials:  # a runner-up runtime being measured takes the resource's room
-                self._narrow_to_trials(tables, mask)
         if self._drains:
             mask &= ~tables.draining
 
@@ -491,7 +489,6 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
         estimate = terms["load"] + terms["compute"] + terms["transfer"]
         tables.pending[index] += 1
         tables.refresh(index)
-        self._trial_dispatched(tables, index)
         self.in_flight[index] += 1
         queued_behind = self._backlog_share(tables, index, estimate)
         self.backlog[index] += queued_behind
@@ -527,21 +524,29 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
     ) -> tuple[int, dict[str, float], LoadPlan] | None:
         """The device for ``task`` among the eligible ones in ``mask`` (narrowed in place to
         those with room) where its stage prefers first, the estimate's terms and what to load
-        and evict there; None: it waits. A runner-up runtime being measured that cannot take
-        it now (no memory without evicting busy models) ends its trial rather than hold the
-        others' room."""
+        and evict there; None: it waits. While a runner-up runtime is being measured
+        (:mod:`exploring`) it takes its compute resource's share of the model's tasks: those
+        that would go to that resource, not those another resource's device wins."""
         self._with_room(tables, mask)
-        found = None
+        trial = self._trial_mask(tables, mask) if self._trials and self._grouped else None
+        if trial is not None:
+            found = self._find_in(task, tables, trial, now, kv_bytes)
+            if found is not None and self._trial_took(tables, found[0]):
+                return found
+            self._trial_passed(tables, trial, refused=found is None)
+        return self._find_in(task, tables, mask, now, kv_bytes)
+
+    def _find_in(
+        self, task: StageTask, tables: StageTables, mask: np.ndarray, now: float, kv_bytes: int
+    ) -> tuple[int, dict[str, float], LoadPlan] | None:
+        """:meth:`_find_room` where the task's stage prefers first, then among ``mask``."""
         if task.stage in self._preferred:
             local = mask & self._local[task.stage]
             if np.count_nonzero(local):  # where the stage prefers
                 found = self._find_room(task, tables, local, now, kv_bytes)
-        if found is None:
-            found = self._find_room(task, tables, mask, now, kv_bytes)
-        if found is None and self._drop_sending_trials(tables):
-            mask[:] = self._eligible(task, tables.costs, now)[0]
-            return self._room_for(task, tables, mask, now, kv_bytes)
-        return found
+                if found is not None:
+                    return found
+        return self._find_room(task, tables, mask, now, kv_bytes)
 
     def dispatch(self) -> Dispatch | Rejection | None:
         """Place the highest-priority task across all stages; None when nothing can go now."""
@@ -602,6 +607,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
         manager.kv_reserved = max(0, manager.kv_reserved - dispatch.kv_bytes)
         manager.end(dispatch.model_key, now)
         if not judge:
+            if self._grouped:  # a trial's task that ran nothing to judge still ended
+                self._trial_finished(tables, index, None)
             tables.refresh(index)
             self._unblock()
             return

@@ -5,6 +5,9 @@ decides which runtime takes the model. Each test has its control: no drift, no t
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
+
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
@@ -126,3 +129,80 @@ def test_a_trial_measures_the_runner_up_alone() -> None:
         rounds += 1
         assert rounds <= 3
     assert abs(float(tables.correction[first]) - before) < 0.05 * before
+
+
+def _backlogged(scheduler: Scheduler, steps: int, pace: dict[str, float]) -> list[str]:
+    """A constant backlog of four tasks; one batch in flight finishes at a time (its lazy
+    first run 10x)."""
+    in_flight: deque[Dispatch] = deque()
+    ran: list[str] = []
+    for step in range(steps):
+        while scheduler.queued("embed") < 4:
+            scheduler.enqueue(StageTask(f"t{step}", "embed", "embed", "full", "standard", 0.0, 1.0))
+        while isinstance(outcome := scheduler.dispatch(), Dispatch):
+            in_flight.append(outcome)
+            ran.append(outcome.device_id)
+        done = in_flight.popleft()
+        factor = pace[done.device_id] * (10.0 if ran.count(done.device_id) == 1 else 1.0)
+        run_s = factor * _modelled(scheduler, done.device_id, 2)
+        scheduler.completed(done, ok=True, run_s=run_s, batch_size=2)
+    return ran
+
+
+def test_under_a_constant_backlog_a_trial_finishes_and_the_faster_runner_up_takes_over() -> None:
+    scheduler = _scheduler()
+    ran = _backlogged(scheduler, 20 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.5})
+    assert scheduler.stats.counts["runtime_trials"] >= 1
+    assert ran[-10:] == [RUNNER_UP] * 10
+
+
+def test_a_runner_up_that_stays_slower_is_tried_less_and_less() -> None:
+    scheduler = _scheduler()
+    batches = 40 * EXPLORE_EVERY
+    # the runner-up measures a little slower each time: still within the drift's band
+    _run_batches(scheduler, batches, {FIRST: 1.5, RUNNER_UP: 1.6})
+    trials = scheduler.stats.counts["runtime_trials"]
+    # periods 32, 64, 128, 256, 512: five, not one per 33 batches (38 here)
+    assert 3 <= trials <= 6
+
+
+def test_a_cancelled_trial_task_does_not_end_trials_for_good() -> None:
+    scheduler = _scheduler()
+    tables = scheduler.tables["embed/full"]
+    for _ in range(EXPLORE_EVERY):  # a period: the next task is the trial's warming one
+        _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5})
+    scheduler.enqueue(StageTask("c", "embed", "embed", "full", "standard", 0.0, 1.0))
+    warming = scheduler.dispatch()
+    assert isinstance(warming, Dispatch) and warming.device_id == RUNNER_UP
+    scheduler.completed(warming, ok=True, run_s=0.0, judge=False)  # its request was cancelled
+    assert tables.pending[scheduler.fleet.index[RUNNER_UP]] == 0
+    _run_batches(scheduler, 4 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.5})
+    assert scheduler.stats.counts["runtime_trials"] >= 1
+
+
+def test_a_trial_never_sends_the_model_to_another_resource() -> None:
+    """Two runtimes of one CPU and a slower device on another host: while the runner-up is
+    being tried, a task its resource would not win goes where it would have gone anyway (the
+    preferred runtime), never to the other host for want of the preferred one."""
+    devices = [
+        _device("first/CPU", 1.2e11),
+        _device("second/CPU", 1e11),
+        dataclasses.replace(_device("other/CPU", 0.9e11), host="box2"),
+    ]
+    scheduler = Scheduler(
+        load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
+    )
+    for device in devices:
+        scheduler.calibrate("embed", device.id, _modelled(scheduler, device.id, 1), 1)
+    tried = False
+    ran: list[str] = []
+    for number in range(12 * EXPLORE_EVERY):  # one task at a time, every runtime at 1.5x
+        scheduler.enqueue(StageTask(f"t{number}", "embed", "embed", "full", "standard", 0.0, 1.0))
+        placed = scheduler.dispatch()
+        assert isinstance(placed, Dispatch)
+        ran.append(placed.device_id)
+        tried = tried or bool(scheduler._trials.get("embed/full"))
+        run_s = 1.5 * _modelled(scheduler, placed.device_id, 1)
+        scheduler.completed(placed, ok=True, run_s=run_s, batch_size=1)
+    assert tried  # the drift started trials of the (cold) runner-up
+    assert "npu:other/CPU" not in ran
