@@ -211,7 +211,10 @@ class VersionRouter:
         for canary in ended:
             logger.info("stage %s: canary of %s %s", canary.stage, canary.new, canary.state)
             if self.on_end is not None:
-                self.on_end(canary)
+                try:
+                    self.on_end(canary)
+                except Exception:  # the request that ended it must still be answered
+                    logger.exception("stage %s: the end of the canary not taken up", canary.stage)
 
 
 def with_fallback(
@@ -248,6 +251,8 @@ def with_fallback(
             _settle(outer, error=err)
             return
         current[0] = second
+        if outer.cancelled():  # its caller left while it was being started again
+            second.cancel()
 
         def second_done(end: Future[Any]) -> None:
             router.close(retry)

@@ -122,12 +122,19 @@ class ModelVersions:
         return engine.routing
 
     def _canary_ended(self, canary: Canary) -> None:
-        """The engine ended a canary: its version serves the stage now, or it failed and the
-        old version's policy is put back."""
+        """The engine ended a canary (on the thread of the request that ended it)."""
         with self._cond:
             rollout = self.rollouts.get(canary.stage)
-            if rollout is None or rollout.canary is not canary:
-                return
+        if rollout is not None and rollout.canary is canary:
+            self._take_up(rollout, canary)
+
+    def _take_up(self, rollout: Rollout, canary: Canary) -> None:
+        """Act on the end of ``rollout``'s canary, once (the engine's word and the swap's own
+        thread may both bring it): its version serves the stage now, or it failed and the old
+        version's policy entry is put back."""
+        with self._cond:
+            if rollout.state != "canary" or canary.state == "canary":
+                return  # taken up already, or not over
             if canary.state == "promoted":
                 self.serving.stages = {**self.serving.stages, rollout.stage: rollout.new}
                 rollout.state = "draining"
@@ -252,16 +259,13 @@ class ModelVersions:
         canary = rollout.canary
         if canary is not None:
             router.settle_canary(canary)
+            self._take_up(rollout, canary)
         promoted = canary is None or canary.state == "promoted"
         leaving = rollout.old if promoted else rollout.new
         router.wait_drained(leaving.engine_name)
         self._unload(leaving.engine_name)
         with self._cond:
-            if promoted and rollout.switched_at is None:  # the engine's word came first
-                rollout.switched_at = time.monotonic()
             rollout.state = "done" if promoted else "rolled_back"
-            if not promoted and not rollout.reason and canary is not None:
-                rollout.reason = canary.reason
             self._cond.notify_all()
         outcome = "promoted" if promoted else "rolled_back"
         self.serving.metrics.model_rollouts.labels(rollout.stage, outcome).inc()

@@ -96,3 +96,21 @@ def test_failures_past_the_budget_roll_the_canary_back() -> None:
     assert canary.state == "rolled_back" and "1 of 1 canary requests failed" in canary.reason
     assert ended == [canary]
     assert router.pick(["embed"])["embed"].engine_stage == "embed"  # the old one serves
+
+
+def test_a_caller_gone_while_the_request_is_started_again_cancels_the_second_run() -> None:
+    router = VersionRouter()
+    _canary(router, canary_share=1.0, canary_min_requests=100, max_error_rate=1.0)
+    tickets = router.pick(["embed"])
+    first: Future[Any] = Future()
+    second: Future[Any] = Future()
+    outcome: list[Future[Any]] = []
+
+    def again(retry: dict[str, Ticket]) -> Future[Any]:
+        outcome[0].cancel()  # the caller leaves just as the second run starts
+        return second
+
+    outcome.append(with_fallback(router, tickets, first, again))
+    first.set_exception(BackendError("device lost"))
+    assert second.cancelled()
+    router.wait_drained("embed")  # its ticket was closed with it
