@@ -1,6 +1,6 @@
 """Every shipped scenario over several seeds, hetero against the four baselines, and whether
 hetero meets issue 36's bar there: ``python benchmarks/scenarios/sim_seeds.py [--seeds 5]
-[--jobs 2] [NAME ...]``.
+[--jobs 2] [--offset N] [NAME ...]``.
 
 Per scenario, hetero and round robin, least connections, power of two choices and best runtime
 pinned run on each seed's identical arrivals (the workload's seed and the ones after it). The
@@ -110,18 +110,29 @@ def markdown(name: str, seeds: list[int], judged: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _file(name: str, offset: int) -> str:
+    return f"{name}.json" if not offset else f"{name}.offset{offset}.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=list(SCENARIOS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="start this many seeds after the workload's (a check on seeds not tuned to);"
+        " results go to <name>.offset<N>.json",
+    )
+    parser.add_argument(
         "--render", action="store_true", help="print the tables from the saved results only"
     )
     args = parser.parse_args()
     if args.render:
         for name in args.names:
-            saved = json.loads((RESULTS / f"{name}.json").read_text())
+            saved = json.loads((RESULTS / _file(name, args.offset)).read_text())
             runs = {int(seed): rows for seed, rows in saved["runs"].items()}
             print(markdown(name, sorted(runs), verdict(runs)))
         return
@@ -129,13 +140,13 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for name in args.names:  # one scenario at a time: its table as soon as it is done
             runs: dict[int, list[dict[str, Any]]] = {}
-            offsets = range(args.seeds)
+            offsets = range(args.offset, args.offset + args.seeds)
             for _, seed, rows in pool.map(_one, [name] * args.seeds, offsets):
                 runs[seed] = rows
             judged = verdict(runs)
             seeds = sorted(runs)
             payload = {"scenario": name, "seeds": seeds, "runs": runs, **judged}
-            (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1))
+            (RESULTS / _file(name, args.offset)).write_text(json.dumps(payload, indent=1))
             print(markdown(name, seeds, judged), flush=True)
 
 

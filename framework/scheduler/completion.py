@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetero.framework.scheduler.output_lengths import OutputLengths
 from hetero.framework.scheduler.state import SchedulerState
 from hetero.framework.scheduler.tables import StageTables
 from hetero.framework.scheduler.tasks import StageTask
@@ -17,6 +18,11 @@ class CompletionMixin(SchedulerState):
     """The marginal completion cost of a sequence on each device, from the roofline figures
     of the model's hint and the device, the model's sequences already placed there and the KV
     cache reserved there."""
+
+    output_lengths: OutputLengths
+    _predicted: tuple[int, np.ndarray, np.ndarray] | None = None
+    """The last sequence placed by added completion: its id, the candidates, and its own
+    predicted completion on each (:meth:`_timed`)."""
 
     def _kv_device_figures_of(self, tables: StageTables) -> tuple[np.ndarray, np.ndarray]:
         """Per device: one nominal request's compute at the device's peak (its prefill, the
@@ -52,6 +58,24 @@ class CompletionMixin(SchedulerState):
         KV cache slows each of their steps for about half its output. Roofline figures
         throughout: the measured correction of an LLM sequence mixes in the batch it ran in,
         so it does not rank devices here. ``kv_bytes``: the task's KV reservation."""
+        indices, own, others = self._sequence_terms(task, tables, mask, kv_bytes)
+        cost = np.full(len(self.devices), np.inf)
+        cost[indices] = own + others
+        return cost
+
+    def _sequence_terms(
+        self,
+        task: StageTask,
+        tables: StageTables,
+        mask: np.ndarray,
+        kv_bytes: int,
+        tokens: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The devices of ``mask``, and on each the sequence's own expected completion and
+        what it costs the sequences already there (:meth:`sequence_cost_s`), for ``tokens``
+        output tokens (the task's ``output_tokens`` by default). :meth:`_step_s` gives what
+        each more token adds to the first."""
+        tokens = task.output_tokens if tokens is None else tokens
         pace, inverse = self._kv_device_figures_of(tables)
         indices = np.flatnonzero(mask)
         running = tables.pending[indices]
@@ -60,9 +84,46 @@ class CompletionMixin(SchedulerState):
         own = (
             tables.load_now[indices]
             + pace[indices] * (1.0 + running)
-            + task.output_tokens * held * inverse[indices]
+            + tokens * held * inverse[indices]
         )
-        others = running * (pace[indices] + 0.5 * task.output_tokens * kv_bytes * inverse[indices])
-        cost = np.full(len(self.devices), np.inf)
-        cost[indices] = own + others
-        return cost
+        others = running * (pace[indices] + 0.5 * tokens * kv_bytes * inverse[indices])
+        return indices, own, others
+
+    def _timed(self, task: StageTask, index: int, now: float) -> None:
+        """Note the completion predicted for sequence ``task`` on device ``index``, where it
+        was placed at ``now`` (:class:`SequenceTimes` learns how long such predictions run)."""
+        predicted = self._predicted
+        if predicted is not None and predicted[0] == task.id:
+            at = np.flatnonzero(predicted[1] == index)
+            if at.size:
+                seconds = float(predicted[2][int(at[0])])
+                self.output_lengths.times.placed(task.id, task.stage, seconds, now)
+        self._predicted = None
+
+    def _step_wait_s(self, mask: np.ndarray) -> np.ndarray:
+        """Per device of ``mask`` (0 elsewhere), how long a task placed there waits for the
+        decode step in progress to end, on average: half a step of every KV-cache model with
+        sequences there, a step reading its weights and the KV cache reserved there at the
+        device's memory bandwidth (roofline)."""
+        wait = np.zeros(len(self.devices))
+        indices = np.flatnonzero(mask)
+        if not indices.size:
+            return wait
+        reserved = np.array([self.memory[i].kv_reserved for i in indices.tolist()], float)
+        for key in self._kv_keys:
+            tables = self.tables[key]
+            running = tables.pending[indices] > 0
+            inverse = self._kv_device_figures_of(tables)[1][indices]
+            wait[indices] += running * 0.5 * tables.resident_bytes[indices] * inverse
+            wait[indices] += running * 0.5 * reserved * inverse  # the KV cache counted once
+            reserved = np.where(running, 0.0, reserved)
+        return wait
+
+    def _step_s(self, tables: StageTables, indices: np.ndarray, kv_bytes: int) -> np.ndarray:
+        """Per device of ``indices``, one decode step of a sequence of ``tables``' model
+        placed there: the weights, the KV cache reserved there and its own over the memory
+        bandwidth (roofline)."""
+        inverse = self._kv_device_figures_of(tables)[1][indices]
+        reserved = np.array([self.memory[i].kv_reserved for i in indices.tolist()], float)
+        step: np.ndarray = (tables.resident_bytes[indices] + reserved + kv_bytes) * inverse
+        return step

@@ -26,6 +26,7 @@ from hetero.framework.request_profile import RequestProfile
 from hetero.framework.scheduler.admission import AdmissionResult, StageAdmission
 from hetero.framework.scheduler.pacing import Pace, Shares
 from hetero.framework.scheduler.scheduler import Scheduler
+from hetero.framework.scheduler.sequence_admission import sequence_completion_s
 from hetero.framework.scheduler.tasks import StageTask
 
 __all__ = ["FairShareError", "RequestAdmission"]
@@ -128,8 +129,15 @@ class RequestAdmission:
         items: int = 1,
         units: float = 0.0,
         principal: str | None = None,
+        sequence: StageTask | None = None,
     ) -> AdmissionResult:
         """The variant a request of ``stage`` runs (``items`` inputs, ``units`` of complexity).
+
+        ``sequence``: for a continuously batched LLM stage, the sequence the request would
+        place (its prompt and a short output length): where the placement can say when it
+        would finish (:func:`sequence_completion_s`: a device has room for it now), it is
+        also shed when that is past its deadline (a miss whatever follows, which would only
+        slow the sequences it joins).
 
         Raises:
             FairShareError: ``principal`` already holds its share of the stage's queue.
@@ -140,7 +148,7 @@ class RequestAdmission:
         full = self._paces.get((stage, "full"))
         light = self._paces.get((stage, "light"))
         variants = self.policy.stages[stage].variants
-        return self.stages.decide(
+        result = self.stages.decide(
             stage,
             qos_class,
             run_s=full.estimate_s(items, units) if full is not None else None,
@@ -150,6 +158,18 @@ class RequestAdmission:
             depth=self.scheduler.queued(stage) + self.running(stage),
             queue_delay_s=self.queue_delay_s(stage),
         )
+        if sequence is not None and result.variant == "full":
+            now = self.scheduler.clock.now()
+            done_in = sequence_completion_s(self.scheduler, sequence, now)
+            deadline_s = self.deadline_s(qos_class)
+            if done_in is not None and done_in > deadline_s:
+                raise ShedError(
+                    f"cannot finish by its {deadline_s:g} s deadline: {done_in:.2f} s on the"
+                    " device placement would give it now",
+                    status=429,
+                    retry_after_s=self.policy.spec.server.retry_after_s,
+                )
+        return result
 
     def check_share(self, stage: str, qos_class: str, principal: str | None) -> None:
         """:class:`FairShareError` when ``principal`` holds its share of ``stage``."""

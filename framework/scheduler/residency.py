@@ -60,6 +60,7 @@ class ResidencyMixin(PlacementMixin):
                 self._last_placed(tables.costs.key if kv_bytes else tables.costs.stage)[
                     found[0]
                 ] = now
+                self._timed(task, found[0], now)
             return found
         if overdue:
             self._start_drain(task, tables, wide, now, kv_bytes)
@@ -156,13 +157,22 @@ class ResidencyMixin(PlacementMixin):
         """A sequence whose output length is known goes where it adds the least completion
         time (:meth:`sequence_cost_s` plus its input's transfer), of the candidates that take
         it without evicting where there are any; of equals, the one given a sequence of the
-        model least recently."""
+        model least recently. Its own completion is weighed at the long end of the stage's
+        lengths (:meth:`OutputLengths.long`): one that turns out long, placed where only a
+        short one finishes soon, makes the tail. Its completion at the expected length is
+        kept for :meth:`_timed`."""
         room = self._without_eviction(tables, mask)
         if np.count_nonzero(room):
             mask = room
         elif not np.count_nonzero(mask):
             return mask
-        cost = self.sequence_cost_s(task, tables, mask, kv_bytes) + self._transfer(task, tables)
+        transfer = self._transfer(task, tables)
+        indices, own, others = self._sequence_terms(task, tables, mask, kv_bytes)
+        cost = np.full(len(self.devices), np.inf)
+        longer = self.output_lengths.long(task.stage) - task.output_tokens
+        tail = own + max(0, longer) * self._step_s(tables, indices, kv_bytes)
+        cost[indices] = tail + others + transfer[indices]
+        self._predicted = (task.id, indices, own + transfer[indices])
         least = np.where(mask, cost, np.inf)
         soonest = mask & (least <= least.min())
         last = np.where(soonest, self._last_placed(tables.costs.key), np.inf)
@@ -204,7 +214,8 @@ class ResidencyMixin(PlacementMixin):
         candidates where the model is resident or fits without evicting (a replica where
         memory allows) and no more than :data:`FAST_ENOUGH` times slower than the fastest,
         those with the fewest tasks in flight, and of those the ones given a task of this
-        stage least recently (the cost model chooses among them). Without that last step the
+        stage least recently (the cost model chooses among them); "slower" counts the wait
+        for a decode step in progress (:meth:`_step_wait_s`). Without that last step the
         cost model, whose batching discount favours a batch forming, keeps sending a stage's
         tasks to the same device while in-flight counts tie, and the stalls come in bursts
         there. The mask as it is when no continuously batched model has work on a candidate,
@@ -220,7 +231,7 @@ class ResidencyMixin(PlacementMixin):
         room = self._without_eviction(tables, mask)
         if not room.any():
             return mask  # never an eviction for the spread's sake
-        unit = tables.unit_s
+        unit = tables.unit_s + self._step_wait_s(busy & room)
         fast = room & (unit <= FAST_ENOUGH * unit[room].min())
         in_flight = np.where(fast, self.in_flight, np.iinfo(np.int64).max)
         fewest = fast & (self.in_flight <= in_flight.min())

@@ -167,6 +167,11 @@ class _Simulation:
         self.evictions_at_warmup = 0
         self.kv = PagedKv(spec.scheduler.kv_block_tokens)
         self.continuous = spec.scheduler.batching.llm == "continuous"
+        self.kv_stages = frozenset(  # continuously batched LLM stages: admission probes them
+            name
+            for name, stage in spec.stages.items()
+            if self.continuous and stage.variants["full"].kv_bytes_per_token
+        )
         self.load_draws = random.Random(workload.spec.seed)
         self._seed_paces()
 
@@ -315,6 +320,7 @@ class _Simulation:
                     items=max(1, request.images) if self.modality[stage] == "image" else 1,
                     units=admission.units(self._profile(stage, request)),
                     principal=request.tenant,
+                    sequence=self._sequence_probe(stage, request, qos),
                 ).variant
         except ShedError:
             self._shed(client)
@@ -334,12 +340,34 @@ class _Simulation:
             self._drop(run)
             self._shed(client)
 
+    def _sequence_probe(self, stage: str, request: SimRequest, qos: str) -> StageTask | None:
+        """The sequence a request would place in LLM ``stage`` (what admission judges where
+        it would finish), as a server knows it at arrival: the prompt and a length nine in
+        ten of the stage's recent generations reach (admission sheds what misses even so);
+        None for another stage."""
+        if stage not in self.kv_stages:
+            return None
+        expected = self.scheduler.output_lengths.short(stage)
+        return StageTask(
+            request_id=str(request.index),
+            stage=stage,
+            step=stage,
+            variant="full",
+            qos_class=qos,
+            arrival=request.arrival,
+            deadline=request.arrival + self.metrics.deadlines[qos],
+            kv_tokens=request.text_tokens + expected,
+            output_tokens=expected,
+            id=0,
+        )
+
     def _drop(self, run: _RequestRun) -> None:
         """Forget a request that will not finish and cancel its queued steps."""
         if self.runs.pop(run.request.index, None) is not None:
             self._release(run)
         for task in run.tasks:
             self.scheduler.cancel(task)
+            self.scheduler.output_lengths.times.dropped(task.id)
 
     def _release(self, run: _RequestRun) -> None:
         """A request ended: its tenant's shares of its stages go back."""
@@ -360,6 +388,10 @@ class _Simulation:
         stage_of = self.stage_of[run.pipeline.name]
         for step in run.pipeline.ready_steps(run.done, run.started):
             stage = stage_of[step]
+            # What a server knows of a generation before it runs: its prompt, and the output
+            # length learnt from the stage's finished ones (not its own, which only the engine
+            # below models): the KV cache the scheduler reserves and places by.
+            expected = self.scheduler.output_lengths.expected(stage)
             task = StageTask(
                 request_id=str(run.request.index),
                 stage=stage,
@@ -370,8 +402,8 @@ class _Simulation:
                 deadline=run.request.arrival + self.metrics.deadlines[run.qos],
                 inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
                 enqueued_at=self.clock.now(),
-                kv_tokens=run.request.text_tokens + run.request.output_tokens,
-                output_tokens=self.scheduler.output_lengths.expected(stage),
+                kv_tokens=run.request.text_tokens + expected,
+                output_tokens=expected,
                 units=self.admission.units(self._profile(stage, run.request)),
             )
             try:
@@ -647,8 +679,9 @@ class _Simulation:
             return
         hint = self.scheduler.tables[dispatch.model_key].costs.hint
         if hint.kv_bytes_per_token and run.request.output_tokens:  # a generation: learnt,
-            # as a server learns it from the answers it gave
+            # as a server learns it from the answers it gave, and how long it took
             self.scheduler.output_lengths.observe(dispatch.task.stage, run.request.output_tokens)
+            self.scheduler.output_lengths.times.finished(dispatch.task.id, now)
         run.done[dispatch.task.step] = OutputHandle(
             device_id, None, int(hint.output_bytes * self._scale(dispatch))
         )
