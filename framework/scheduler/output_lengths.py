@@ -14,6 +14,7 @@ HORIZON = 64  # the mean of the first 64 finished sequences, then exponential ov
 WINDOW = 256  # the recent generations whose lengths' distribution is kept
 SHORT = 0.1  # the quantile :meth:`OutputLengths.short` gives
 LONG = 0.9  # the quantile :meth:`OutputLengths.long` gives
+PENDING = 4096  # sequences awaiting their end at most (the oldest forgotten)
 MIN_TIMED = 16
 """Sequences timed before their measured-over-predicted ratio is trusted."""
 
@@ -31,7 +32,9 @@ class SequenceTimes:
 
     def placed(self, task_id: int, stage: str, predicted_s: float, now: float) -> None:
         """Sequence ``task_id`` was placed at ``now``, predicted to finish ``predicted_s``
-        later."""
+        later. Bounded: a caller that never reports the end forgets the oldest."""
+        if len(self._pending) >= PENDING:
+            del self._pending[next(iter(self._pending))]
         self._pending[task_id] = (stage, predicted_s, now)
 
     def finished(self, task_id: int, now: float) -> None:

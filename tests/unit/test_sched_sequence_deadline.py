@@ -12,7 +12,12 @@ from hetero.framework.errors import ShedError
 from hetero.framework.fleet import simulated_devices
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
-from hetero.framework.scheduler.output_lengths import MIN_TIMED, OutputLengths, SequenceTimes
+from hetero.framework.scheduler.output_lengths import (
+    MIN_TIMED,
+    PENDING,
+    OutputLengths,
+    SequenceTimes,
+)
 from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.scheduler.sequence_admission import sequence_completion_s
 from hetero.framework.topology import Topology
@@ -99,6 +104,14 @@ def test_measured_over_predicted_is_trusted_after_enough_sequences() -> None:
     times.placed(100, "llm", 1.0, 10.0)
     times.finished(100, 12.0)
     assert times.ratio("llm") == pytest.approx(2.0)
+
+
+def test_sequences_never_reported_done_are_forgotten_oldest_first() -> None:
+    times = SequenceTimes()
+    for task_id in range(PENDING + 10):
+        times.placed(task_id, "llm", 1.0, 0.0)
+    assert len(times._pending) == PENDING and 9 not in times._pending
+    assert PENDING + 9 in times._pending
 
 
 @pytest.mark.parametrize("deadline_ms, shed", [(1500, True), (100000, False)])
