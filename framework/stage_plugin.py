@@ -147,6 +147,12 @@ class StagePlugin(abc.ABC):
         stage is not probed)."""
         return None
 
+    def kv_tokens(self, payload: Any, output_tokens: int) -> int:
+        """Tokens of context one payload holds in a KV cache at its longest if it generates
+        ``output_tokens`` (its prompt plus those, within its own bound): what the scheduler
+        reserves and places a sequence by. 0: the stage keeps no KV cache."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the plugin holds outside its graphs (tokenizers, helpers)."""
 

@@ -129,6 +129,14 @@ class TextGenerator(ModelStage):
         characters = sum(len(str(m.get("content", ""))) for m in payload.messages)
         return RequestProfile(text_tokens=characters // 4 + payload.max_tokens)
 
+    def kv_tokens(self, payload: Any, output_tokens: int) -> int:
+        """The prompt's tokens (as :meth:`profile` counts them) plus ``output_tokens``, at most
+        the request's ``max_tokens``."""
+        if not isinstance(payload, Generation):
+            return 0
+        prompt = self.profile(payload).text_tokens - payload.max_tokens
+        return prompt + min(output_tokens, payload.max_tokens)
+
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         """Each payload is a :class:`Generation`: its pieces go to ``on_piece`` as they are
         made, and its result is ``{"text", "completion_tokens", "finish_reason", "stopped"}``.

@@ -211,8 +211,11 @@ class GraphRunner:
         else:
             items = sum(self._items(plugin, nodes[step]) for step in steps)
             profile = max((nodes[step].profile for step in steps), key=admitter.units)
+        sequence = None
+        if len(steps) == 1 and nodes[steps[0]].payload is not None:
+            sequence = admitter.sequence(stage, nodes[steps[0]].payload, qos)
         variant, reason = admitter.admit(
-            stage, qos, profile, items=items, principal=graph.principal
+            stage, qos, profile, items=items, principal=graph.principal, sequence=sequence
         )
         for step in steps:
             state.variants[step] = variant
@@ -320,6 +323,7 @@ class GraphRunner:
                 self.engine.admission.shares.release(*holder)
         for task in state.live_tasks.values():
             self.engine.scheduler.cancel(task)
+            self.engine.scheduler.output_lengths.times.dropped(task.id)
         state.live_tasks.clear()
 
     def enqueue_ready(self, state: RequestState) -> None:
@@ -344,6 +348,7 @@ class GraphRunner:
                     continue
                 inputs = self.step_inputs(state, step)
                 plugin = self.engine.plugins.get(stage)  # none: placement rejects it, with reasons
+                expected = self.engine.scheduler.output_lengths.expected(stage)
                 task = StageTask(
                     request_id=state.request_id,
                     stage=stage,
@@ -358,7 +363,9 @@ class GraphRunner:
                     items=plugin.items(inputs) if plugin is not None else 1,
                     units=state.step_units.get(step, state.units),
                     enqueued_at=now,
-                    output_tokens=self.engine.scheduler.output_lengths.expected(stage),
+                    output_tokens=expected,
+                    # a generation's KV cache: its prompt and the output learnt so far
+                    kv_tokens=plugin.kv_tokens(inputs, expected) if expected and plugin else 0,
                 )
                 self.engine.scheduler.enqueue(task)
                 state.live_tasks[task.id] = task

@@ -86,8 +86,10 @@ class Outcomes:
                 state.devices[task.step] = device_id
                 state.steps.append(step_trace(outcome))
                 generated = _generated_tokens(outcome.output)
-                if generated:  # a generation's length, for placing the next ones
-                    self.engine.scheduler.output_lengths.observe(task.stage, generated)
+                if generated:  # a generation's length and time, for placing the next ones
+                    lengths = self.engine.scheduler.output_lengths
+                    lengths.observe(task.stage, generated)
+                    lengths.times.finished(task.id, self.engine.clock.now())
                 error = None if state.done() else self.continue_(state)
             elif isinstance(outcome.error, InputLostError):
                 error = self._redo_inputs(state, task, outcome.error)
