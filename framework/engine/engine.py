@@ -338,10 +338,6 @@ class Engine:
         :meth:`remove_stage`."""
         self.versions.hold_config(name, config)
 
-    def busy(self, name: str) -> bool:
-        """Whether ``name`` has tasks queued or running."""
-        return self.versions.busy(name)
-
     def remove_stage(self, name: str) -> None:
         """Unload a stage that has no work left (raises ``RuntimeError`` while it has)."""
         self.versions.remove(name)

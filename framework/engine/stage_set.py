@@ -65,11 +65,6 @@ class StageVersions:
             self.engine.policy = self.engine.policy.with_stages({name: config})
             self.engine.admission.policy = self.engine.policy
 
-    def busy(self, name: str) -> bool:
-        """Whether ``name`` has tasks queued or running."""
-        with self.engine._lock:
-            return bool(self.engine.scheduler.queued(name) or self.engine.admission.running(name))
-
     def remove(self, name: str) -> None:
         """Unload a stage that has no work left (the old model version once drained, or a new
         one rolled back): its models leave every device, its lanes stop, its plugin closes;
