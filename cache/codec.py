@@ -23,7 +23,7 @@ import xxhash
 
 from hetero.framework.errors import CacheValueError, CorruptEntryError
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "decode_from", "encode"]
 
 MAGIC = b"HFC2"
 MAGIC_CRC32 = b"HFC1"  # the layout before XXH3: read, never written
@@ -100,6 +100,21 @@ def decode(blob: bytes, tier: str = "cache", *, verified: bool = False) -> Any:
             # (np.ndarray over the buffer, positional: half np.frombuffer's cost here.)
             return _ndarray(shape, dtype, blob, offset)
     return _decode(blob, tier, verified)
+
+
+def decode_from(record: bytes, start: int, tier: str = "cache") -> Any:
+    """:func:`decode` of the value that starts at ``start`` in ``record`` (a lower tier's whole
+    record, its own header before the value), checksum verified, without copying the value out:
+    an array is a read-only view into ``record`` (which it keeps alive), as :func:`decode`'s is
+    into its bytes. A layout not seen before, and JSON, go through :func:`decode` of a copy."""
+    layout = _LAYOUTS.get(len(record) - start)
+    if layout is not None:
+        head, offset, shape, dtype = layout
+        if record.startswith(head, start + BODY) and record.startswith(_ARRAY, start):
+            if _checksum(memoryview(record)[start + BODY :]) != _STORED_CHECKSUM(record, start)[0]:
+                raise CorruptEntryError(tier, "checksum mismatch")
+            return _ndarray(shape, dtype, record, start + offset)
+    return decode(record[start:] if start else record, tier)
 
 
 def _decode(blob: bytes, tier: str, verified: bool) -> Any:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetero.cache.bloom import GenerationalBloom
-from hetero.cache.codec import decode, encode
+from hetero.cache.codec import decode, decode_from, encode
 from hetero.cache.disk_tier import DiskTier
 from hetero.cache.keys import PREFIX, FeatureKey
 from hetero.cache.memory_tier import MemoryTier
@@ -65,6 +65,8 @@ class _Tier(Protocol):
     def up(self) -> bool: ...
 
     def get(self, key: str) -> bytes | None: ...
+
+    def read(self, key: str) -> tuple[bytes, int] | None: ...
 
     def get_many(self, keys: list[str]) -> list[bytes | None]: ...
 
@@ -273,26 +275,34 @@ class FeatureCache:
         self._reads = reads
         if reads % SAMPLE_EVERY:
             # The common read (costs are tracked on a sample): no timing, and _accept inlined
-            # for a hit in the first lower tier with nothing to promote it to and nothing to
-            # decrypt (an L3 hit with the memory tier off).
+            # for a hit in the first lower tier with no faster tier to promote its bytes to and
+            # nothing to decrypt (an L3 hit): the tier's record is read and decoded in place,
+            # the value's bytes copied once (DiskTier.read, decode_from).
             text = key.text
             lower = self._lower  # one list throughout: _order swaps in a new one
             index = -1
             for tier in lower:
                 index += 1
-                blob = tier.get(text)
-                if blob is None:
-                    continue
-                found = tier.name
-                if index or cipher is not None or memory is not None:
+                if index or cipher is not None:
+                    blob = tier.get(text)
+                    if blob is None:
+                        continue
+                    found = tier.name
                     value = self._accept(tier, key, cipher, blob, lower[:index])
                 else:
+                    stored = tier.read(text)
+                    if stored is None:
+                        continue
+                    found = tier.name
+                    record, start = stored
                     try:
-                        value = decode(blob, found)
+                        value = decode_from(record, start, found)
                     except Exception as err:
                         self._unreadable(tier, key, err)
                         continue
                     self._hits[found] += 1
+                    if memory is not None:  # _accept's promotion, to memory alone
+                        self._into_memory(memory, key, value, len(record) - start)
                 if value is not None:
                     return value, found
             value, name = None, None
@@ -394,6 +404,11 @@ class FeatureCache:
             if self.memory is not None:
                 self.memory.put(key.digest, value, len(blob), time.monotonic() + ttl)
         return value
+
+    def _into_memory(self, memory: MemoryTier, key: FeatureKey, value: Any, size: int) -> None:
+        """A lower tier's hit promoted to memory alone (as :meth:`_accept` promotes it)."""
+        self.bloom.add(key.digest, publish=False)  # the promoted copy lives a full TTL
+        memory.put(key.digest, value, size, _monotonic() + self._ttl())
 
     def _unreadable(self, tier: _Tier, key: FeatureKey, err: Exception) -> None:
         """A corrupt or tampered entry: counted, logged, removed (a miss)."""

@@ -79,6 +79,11 @@ class RedisTier:
         value = self._call(lambda: self.client.get(key), None)
         return value if isinstance(value, bytes) else None
 
+    def read(self, key: str) -> tuple[bytes, int] | None:
+        """:meth:`get`'s bytes as (record, where the value starts): the value is the record."""
+        value = self._call(lambda: self.client.get(key), None)
+        return (value, 0) if isinstance(value, bytes) else None
+
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """The stored bytes of several keys, in order, in one round trip (``MGET``)."""
         values = self._call(lambda: self.client.mget(keys), None)

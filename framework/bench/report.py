@@ -107,6 +107,8 @@ def run_bench_cache(console: Console, as_json: bool) -> int:
         "l3_hit",
         "l3_lookup",
         "disk_tier_get",
+        "disk_tier_get_and_decode",
+        "disk_tier_read_and_decode",
         "raw_lmdb_get",
         "raw_lmdb_get_and_decode",
         "raw_diskcache_get",

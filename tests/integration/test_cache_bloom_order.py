@@ -83,6 +83,7 @@ def counting(cache: FeatureCache, monkeypatch: pytest.MonkeyPatch, clock: Costs)
     ``clock``."""
     calls = {"bloom": 0, "disk": 0}
     disk_get = cache.disk.get  # type: ignore[union-attr]
+    disk_read = cache.disk.read  # type: ignore[union-attr]
 
     probe = cache._probe.text  # the weighings' own timed read of an absent key
 
@@ -92,8 +93,15 @@ def counting(cache: FeatureCache, monkeypatch: pytest.MonkeyPatch, clock: Costs)
         clock.now += clock.disk_miss if blob is None else 1e-7
         return blob
 
+    def disk_record(text: str) -> tuple[bytes, int] | None:  # the lookups' one-copy read
+        calls["disk"] += text != probe
+        stored = disk_read(text)
+        clock.now += clock.disk_miss if stored is None else 1e-7
+        return stored
+
     monkeypatch.setattr(cache, "bloom", CountingBloom(cache.bloom, calls, clock))
     monkeypatch.setattr(cache.disk, "get", disk)
+    monkeypatch.setattr(cache.disk, "read", disk_record)
     return calls
 
 

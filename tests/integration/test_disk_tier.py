@@ -203,3 +203,33 @@ def test_a_folder_that_cannot_be_opened_is_retried(
         assert tier.get(key("a")) == b"x"
     finally:
         tier.close()
+
+
+def test_the_record_read_gives_get_s_value_in_place_and_shares_its_misses(tmp_path: Path) -> None:
+    """DiskTier.read: the whole record and where the value starts (what get returns is that
+    slice); an absent key, an expired entry (then removed) and a broken disk are misses."""
+    tier = DiskTier(tmp_path, 2**20)
+    try:
+        tier.put(key("a", content="d" * 16), b"value bytes", 60, "d" * 16)
+        stored = tier.read(key("a", content="d" * 16))
+        assert stored is not None
+        record, start = stored
+        assert isinstance(record, bytes) and start > 0
+        assert record[start:] == tier.get(key("a", content="d" * 16)) == b"value bytes"
+        assert tier.read(key("absent")) is None
+        tier.put(key("gone"), b"x", 60, "c")
+        tier.put(key("late"), b"x", -1, "c")  # behind a live entry: no write drops it
+        stored_keys = tier.keys()
+        assert key("late") in stored_keys
+        assert tier.read(key("late")) is None
+        stored_keys = tier.keys()
+        assert key("late") not in stored_keys  # the read removed it
+        healthy = tier._env
+        tier._env = BrokenEnv()
+        try:
+            assert tier.read(key("gone")) is None
+            assert not tier.up
+        finally:
+            tier._env = healthy
+    finally:
+        tier.close()

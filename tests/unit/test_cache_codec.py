@@ -83,3 +83,36 @@ def test_the_short_path_for_a_known_layout_still_checks_and_still_tells_kinds_ap
     text = "x" * (len(blob) - 13 - 2)  # a JSON entry exactly as long as the array's
     other = encode(text)
     assert len(other) == len(blob) and decode(other) == text
+
+
+def test_decode_from_reads_a_value_in_place_behind_a_record_header_and_still_checks_it() -> None:
+    """decode_from decodes the value where a tier's record holds it (behind the record's own
+    header): the array is a read-only view into the record, no copy; a flipped value byte is
+    still a checksum mismatch on the known layout's short path; an unseen layout and JSON
+    decode as decode does."""
+    from hetero.cache.codec import decode_from
+
+    value = np.arange(40, dtype=np.float64).reshape(5, 8)
+    blob = encode(value)
+    header = b"\x07" * 29  # a record header of an odd length: nothing aligned by luck
+    record = header + blob
+    first = decode_from(record, len(header), "disk")  # a new layout: decode's, of a copy
+    assert np.array_equal(first, value) and not first.flags.writeable
+    out = decode_from(record, len(header), "disk")  # known now: the short path
+    assert np.array_equal(out, value) and out.dtype == value.dtype
+    assert not out.flags.writeable
+    assert np.shares_memory(out, np.frombuffer(record, np.uint8))  # in place: no copy
+    flipped = bytearray(record)
+    flipped[-3] ^= 0x10
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode_from(bytes(flipped), len(header), "disk")
+    stored_sum = bytearray(record)
+    stored_sum[len(header) + 6] ^= 0x01  # the stored checksum itself
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode_from(bytes(stored_sum), len(header), "disk")
+    assert decode_from(header + encode({"text": "ok"}), len(header)) == {"text": "ok"}
+    odd = np.arange(7, dtype=np.int16)  # a layout never seen
+    assert np.array_equal(decode_from(header + encode(odd), len(header)), odd)
+    assert np.array_equal(decode_from(blob, 0), value)  # a record that is the value
+    with pytest.raises(CorruptEntryError):
+        decode_from(header + blob[:-4], len(header))
