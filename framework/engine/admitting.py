@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from hetero.framework.engine.request_walk import principal_name
 from hetero.framework.errors import ShedError
 from hetero.framework.scheduler import RequestProfile, StageTask
 from hetero.framework.scheduler.request_admission import FairShareError
@@ -39,7 +40,7 @@ class Admitter:
         """The variant a request of ``stage`` runs (``full``, or ``light`` with the reason):
         the engine's :class:`~hetero.framework.scheduler.request_admission.RequestAdmission`
         (the simulator's too), counted in the engine's metrics. ``sequence``: a generation's
-        sequence as :meth:`sequence` makes it (judged by where it would finish).
+        sequence as the request walk makes it (judged by where it would finish).
 
         Raises:
             ShedError: (429, with Retry-After) it cannot finish by its deadline behind the
@@ -47,7 +48,7 @@ class Admitter:
         """
         engine = self.engine
         qos = qos_class or engine.policy.spec.qos.default_class
-        who = getattr(principal, "name", None)
+        who = principal_name(principal)
         with engine._lock:
             try:
                 result = engine.admission.admit(
@@ -55,7 +56,7 @@ class Admitter:
                     qos,
                     items=items,
                     units=self.units(profile),
-                    principal=None if who is None else str(who),
+                    principal=who,
                     sequence=sequence,
                 )
             except FairShareError:
@@ -69,33 +70,6 @@ class Admitter:
             if stage in engine.status:
                 engine.status[stage].light_runs += 1
         return result.variant, result.reason
-
-    def sequence(self, stage: str, payload: Any, qos_class: str) -> StageTask | None:
-        """The sequence a generation would place in ``stage`` (a continuously batched
-        KV-cache model), as admission judges it where it would finish: its prompt and the
-        length nine in ten of the stage's recent generations reach (the simulator makes the
-        same); None for any other stage, or before a generation finished."""
-        engine = self.engine
-        tables = engine.scheduler.tables.get(f"{stage}/full")
-        if tables is None or not tables.costs.hint.kv_bytes_per_token:
-            return None
-        short = engine.scheduler.output_lengths.short(stage)
-        kv_tokens = engine.plugins[stage].kv_tokens(payload, short) if short else 0
-        if not kv_tokens:
-            return None
-        now = engine.clock.now()
-        return StageTask(
-            request_id="admission",
-            stage=stage,
-            step=stage,
-            variant="full",
-            qos_class=qos_class,
-            arrival=now,
-            deadline=now + engine.admission.deadline_s(qos_class),
-            kv_tokens=kv_tokens,
-            output_tokens=short,
-            id=0,
-        )
 
     def max_batch(self, stage: str, variant: str = "full") -> int:
         """The most items one model call of a stage variant takes."""

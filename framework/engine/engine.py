@@ -121,7 +121,6 @@ class Engine:
         self.warmer = WarmUp(self)
         self.versions = StageVersions(self)
         self.routing = VersionRouter()  # which model version answers each request
-        self.runner = GraphRunner(self)
         self.fills = CacheFills(self)
         self.routes = RouteRequests(self)
         self.outcomes = Outcomes(self)
@@ -161,6 +160,7 @@ class Engine:
                     self.scheduler.set_hint(stage, str(variant), hint)
         self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
         self.admission = RequestAdmission(policy, self.scheduler)
+        self.runner = GraphRunner(self)  # its request walk asks the admission and scheduler
         self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -14,6 +14,7 @@ import numpy as np
 
 from hetero.framework.engine.graph_stage import GraphStage
 from hetero.framework.engine.request_graph import GraphNode, RequestGraph
+from hetero.framework.engine.request_walk import RequestWalk
 from hetero.framework.engine.requests import EngineResult, RequestState
 from hetero.framework.engine.status import (
     CACHE_DEVICE,
@@ -31,7 +32,6 @@ from hetero.framework.scheduler import (
     StageTask,
 )
 from hetero.framework.sizes import nbytes_of
-from hetero.framework.stage_plugin import StagePlugin
 from hetero.framework.stages import Pipeline, PipelineStep
 
 if TYPE_CHECKING:
@@ -67,6 +67,22 @@ class GraphRunner:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # admission asked through the engine's admitter (its lock, its metrics)
+        self.walk = RequestWalk(engine.admission, engine.scheduler, engine.plugins, self._admit)
+
+    def _admit(
+        self,
+        stage: str,
+        qos_class: str | None,
+        profile: RequestProfile | None,
+        *,
+        items: int = 1,
+        principal: Any = None,
+        sequence: StageTask | None = None,
+    ) -> tuple[str, str]:
+        return self.engine.admitter.admit(
+            stage, qos_class, profile, items=items, principal=principal, sequence=sequence
+        )
 
     def submit_stage(
         self,
@@ -162,23 +178,7 @@ class GraphRunner:
             future=Future(),
             principal=principal,
         )
-        units_of = engine.admitter.units
-        by_stage: dict[str, list[str]] = {}
-        answer = []
-        for step in pipeline.order:  # one pass: what each step brings
-            node = nodes[step]
-            state.step_units[step] = units_of(node.profile)
-            if node.compose is None:
-                state.payloads[step] = node.payload
-            else:
-                state.composers[step] = node.compose
-            if node.answer:
-                answer.append(step)
-            if step not in hits:
-                by_stage.setdefault(node.stage, []).append(step)
-        state.answer = tuple(answer)
-        for stage, steps in by_stage.items():  # once per stage, for all its steps' items
-            self._admit(state, graph, stage, steps, qos)
+        self.walk.begin(state, nodes, skip=hits, variant=graph.variant)
         for step, (value, tier) in hits.items():
             state.outputs[step] = OutputHandle(CACHE_DEVICE, value, nbytes_of(value))
             state.devices[step] = CACHE_DEVICE
@@ -191,35 +191,7 @@ class GraphRunner:
                     state.keys[step] = node.cache_key(variant, stages[node.stage].model_version)
         state.arrival = now = engine.clock.now()
         state.deadline = now + deadline_s
-        return self.start(state, principal)
-
-    def _admit(
-        self, state: RequestState, graph: RequestGraph, stage: str, steps: list[str], qos: str
-    ) -> None:
-        """Admission of ``stage`` for all of ``steps`` at once (their items together, the
-        heaviest's profile); their variant, and why it was degraded."""
-        nodes = graph.nodes
-        state.units = max(state.units, *(state.step_units[step] for step in steps))
-        if graph.variant is not None:
-            state.variants.update(dict.fromkeys(steps, graph.variant))
-            return
-        admitter = self.engine.admitter
-        plugin = self.engine.plugins[stage]
-        if len(steps) == 1:
-            node = nodes[steps[0]]
-            items, profile = self._items(plugin, node), node.profile
-        else:
-            items = sum(self._items(plugin, nodes[step]) for step in steps)
-            profile = max((nodes[step].profile for step in steps), key=admitter.units)
-        sequence = None
-        if len(steps) == 1 and nodes[steps[0]].payload is not None:
-            sequence = admitter.sequence(stage, nodes[steps[0]].payload, qos)
-        variant, reason = admitter.admit(
-            stage, qos, profile, items=items, principal=graph.principal, sequence=sequence
-        )
-        for step in steps:
-            state.variants[step] = variant
-            state.reasons[step] = reason
+        return self.start(state)
 
     def _pipeline_of(self, graph: RequestGraph) -> Pipeline:
         """The graph's steps as a checked DAG; a one-step graph's is made once per stage."""
@@ -238,30 +210,18 @@ class GraphRunner:
         }
         return Pipeline(graph.name, steps)
 
-    @staticmethod
-    def _items(plugin: StagePlugin, node: GraphNode) -> int:
-        if node.items is not None:
-            return node.items
-        return plugin.items(node.payload) if node.payload is not None else 1
-
     def start(
-        self, state: RequestState, principal: Any, shares: tuple[str, ...] | None = None
+        self, state: RequestState, shares: tuple[str, ...] | None = None
     ) -> Future[EngineResult]:
         """Register a request and queue its ready steps; answered at once when nothing is
         left to run. The principal holds a share of each stage in ``shares`` (by default of
         every stage admission judged) until the request ends."""
         future = state.future
-        who = getattr(principal, "name", None)
-        if shares is None:
-            shares = tuple(dict.fromkeys(state.pipeline.stage_of[step] for step in state.variants))
         with self.engine._lock:
             if self.engine._stopping:
                 raise ShedError("engine is shutting down", status=503)
             self.engine._requests[state.request_id] = state
-            if who is not None:
-                for stage in shares:
-                    state.holders.append((stage, str(who)))
-                    self.engine.admission.shares.hold(stage, str(who))
+            self.walk.hold(state, shares)
             try:
                 self.enqueue_ready(state)
             except BaseException as err:  # shed, or a step's input refused: it ends here,
@@ -318,57 +278,23 @@ class GraphRunner:
 
     def end(self, state: RequestState) -> None:
         """Forget a request that ended and drop its queued steps (lock held)."""
-        if self.engine._requests.pop(state.request_id, None) is not None:
-            for holder in state.holders:
-                self.engine.admission.shares.release(*holder)
-        for task in state.live_tasks.values():
-            self.engine.scheduler.cancel(task)
-            self.engine.scheduler.output_lengths.times.dropped(task.id)
-        state.live_tasks.clear()
+        self.engine._requests.pop(state.request_id, None)
+        self.walk.end(state)
 
     def enqueue_ready(self, state: RequestState) -> None:
         """Queue every step whose inputs are ready, answering from the cache where it can
         (lock held)."""
-        now = self.engine.clock.now()
-        stages = self.engine.policy.stages
-        progressed = True
-        while progressed:  # a cached step can make the next one ready at once
-            progressed = False
-            for step in state.ready_steps():
-                stage = state.pipeline.stage_of[step]
-                variant = state.variants.get(step) or (
-                    state.variant if state.variant in stages[stage].variants else "full"
-                )
-                cached = self.engine.fills.cached(state, step, stage, variant)
-                if cached is not None:
-                    size = sum(int(np.asarray(v).nbytes) for v in cached.values())
-                    state.outputs[step] = OutputHandle(CACHE_DEVICE, cached, size)
-                    state.devices[step] = CACHE_DEVICE
-                    progressed = True
-                    continue
-                inputs = self.step_inputs(state, step)
-                plugin = self.engine.plugins.get(stage)  # none: placement rejects it, with reasons
-                expected = self.engine.scheduler.output_lengths.expected(stage)
-                task = StageTask(
-                    request_id=state.request_id,
-                    stage=stage,
-                    step=step,
-                    variant=variant,
-                    qos_class=state.qos_class,
-                    # a part that waited for an earlier part ranks as arriving now, so the
-                    # requests that came meanwhile run between a large request's parts
-                    arrival=now if state.pipeline.steps[step].waits else state.arrival,
-                    deadline=state.deadline,
-                    inputs=tuple(state.outputs[dep] for dep in state.pipeline.after_of[step]),
-                    items=plugin.items(inputs) if plugin is not None else 1,
-                    units=state.step_units.get(step, state.units),
-                    enqueued_at=now,
-                    output_tokens=expected,
-                    # a generation's KV cache: its prompt and the output learnt so far
-                    kv_tokens=plugin.kv_tokens(inputs, expected) if expected and plugin else 0,
-                )
-                self.engine.scheduler.enqueue(task)
-                state.live_tasks[task.id] = task
+        self.walk.enqueue_ready(state, self.step_inputs, self._cached)
+
+    def _cached(self, state: RequestState, step: str, stage: str, variant: str) -> bool:
+        """A step the feature cache answers: its output kept as the cache's."""
+        cached = self.engine.fills.cached(state, step, stage, variant)
+        if cached is None:
+            return False
+        size = sum(int(np.asarray(v).nbytes) for v in cached.values())
+        state.outputs[step] = OutputHandle(CACHE_DEVICE, cached, size)
+        state.devices[step] = CACHE_DEVICE
+        return True
 
     def step_inputs(self, state: RequestState, step: str) -> Any:
         """A step's payload: the request's for a first step; for a bare graph after others,

@@ -80,9 +80,8 @@ class Outcomes:
                 offered = (
                     None if key is not None else self.engine.runner.step_inputs(state, task.step)
                 )
-                state.outputs[task.step] = OutputHandle(
-                    device_id, outcome.output, nbytes_of(outcome.output)
-                )
+                output = OutputHandle(device_id, outcome.output, nbytes_of(outcome.output))
+                done = self.engine.runner.walk.record(state, task, output)
                 state.devices[task.step] = device_id
                 state.steps.append(step_trace(outcome))
                 generated = _generated_tokens(outcome.output)
@@ -90,7 +89,7 @@ class Outcomes:
                     lengths = self.engine.scheduler.output_lengths
                     lengths.observe(task.stage, generated)
                     lengths.times.finished(task.id, self.engine.clock.now())
-                error = None if state.done() else self.continue_(state)
+                error = None if done else self.continue_(state)
             elif isinstance(outcome.error, InputLostError):
                 error = self._redo_inputs(state, task, outcome.error)
             elif device_fault:

@@ -69,7 +69,7 @@ class RequestState:
     variant: str
     arrival: float
     deadline: float
-    future: Future[EngineResult]
+    future: Future[EngineResult] = field(default_factory=Future)  # the caller's answer
     units: float = 0.0  # complexity units of its profile (0: none stated)
     holders: list[tuple[str, str]] = field(default_factory=list)  # (stage, principal) shares held
     principal: Any = None

@@ -90,7 +90,7 @@ class RouteRequests:
             units=self.engine.admitter.units(profile),
             principal=principal,
         )
-        return self.engine.runner.start(state, principal, (first,))
+        return self.engine.runner.start(state, (first,))
 
     def run(
         self,

@@ -39,6 +39,9 @@ from hetero.backends.sim.timing import (
     modelled_steps,
 )
 from hetero.framework.devices import DeviceSpec
+from hetero.framework.engine.request_graph import GraphNode
+from hetero.framework.engine.request_walk import RequestWalk
+from hetero.framework.engine.requests import RequestState
 from hetero.framework.errors import ShedError
 from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
@@ -49,7 +52,6 @@ from hetero.framework.scheduler import (
     OutputHandle,
     Rejection,
     Scheduler,
-    StageTask,
     VirtualClock,
 )
 from hetero.framework.scheduler.warmup import PredictiveWarmup
@@ -64,7 +66,6 @@ from hetero.framework.simulator.decode import DecodeEngine, DecodeSequence, Engi
 from hetero.framework.simulator.kv import KvBatch, PagedKv
 from hetero.framework.simulator.metrics import RunMetrics
 from hetero.framework.simulator.workload import SimRequest, Workload
-from hetero.framework.stages import Pipeline
 from hetero.framework.topology import Topology
 
 __all__ = ["simulate"]
@@ -72,16 +73,34 @@ __all__ = ["simulate"]
 ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE, ENGINE_DONE = 0, 1, 2, 3, 4, 5
 
 
-@dataclass
+@dataclass(slots=True)
 class _RequestRun:
     request: SimRequest
-    pipeline: Pipeline
-    qos: str
-    variants: dict[str, str]  # by stage: what admission chose
+    state: RequestState  # its walk: admitted variants, outputs, live tasks, shares held
     client: int | None
-    done: dict[str, OutputHandle] = field(default_factory=dict)
-    started: set[str] = field(default_factory=set)
-    tasks: list[StageTask] = field(default_factory=list)
+
+
+class _SimMeasures:
+    """A stage's measures of a simulated request, as its plugin measures a real input: the
+    images it holds (one input each), and the KV cache a generation holds (its prompt plus
+    the tokens it generates)."""
+
+    __slots__ = ("image",)
+
+    def __init__(self, modality: str) -> None:
+        self.image = modality == "image"
+
+    def items(self, payload: SimRequest) -> int:
+        return max(1, payload.images) if self.image else 1
+
+    def kv_tokens(self, payload: SimRequest, output_tokens: int) -> int:
+        return payload.text_tokens + output_tokens
+
+
+def _request_of(state: RequestState, step: str) -> SimRequest:
+    """Every step of a simulated request measures the request itself."""
+    request: SimRequest = state.payload
+    return request
 
 
 @dataclass
@@ -148,14 +167,6 @@ class _Simulation:
         self.modality = {name: stage.modality for name, stage in spec.stages.items()}
         self.variants = {name: frozenset(stage.variants) for name, stage in spec.stages.items()}
         self.pipelines = {route: policy.pipeline_for_route(route) for route in spec.routes}
-        self.stages_of = {  # each pipeline's stages, once each, in order: admitted at arrival
-            name: tuple(dict.fromkeys(pipeline.steps[step].stage for step in pipeline.order))
-            for name, pipeline in policy.pipelines.items()
-        }
-        self.stage_of = {
-            name: {step: s.stage for step, s in pipeline.steps.items()}
-            for name, pipeline in policy.pipelines.items()
-        }
         self.waiting: set[str] = set()  # devices with items in a batcher
         # Devices whose state this event moved (its own device, those dispatched to): only they
         # can start something, but on a timer or a warm-up tick, which may move any device.
@@ -167,11 +178,9 @@ class _Simulation:
         self.evictions_at_warmup = 0
         self.kv = PagedKv(spec.scheduler.kv_block_tokens)
         self.continuous = spec.scheduler.batching.llm == "continuous"
-        self.kv_stages = frozenset(  # continuously batched LLM stages: admission probes them
-            name
-            for name, stage in spec.stages.items()
-            if self.continuous and stage.variants["full"].kv_bytes_per_token
-        )
+        # the engine's request walk: admission of every stage, the tasks of ready steps
+        measures = {name: _SimMeasures(stage.modality) for name, stage in spec.stages.items()}
+        self.walk = RequestWalk(self.admission, self.scheduler, measures)
         self.load_draws = random.Random(workload.spec.seed)
         self._seed_paces()
 
@@ -310,71 +319,38 @@ class _Simulation:
         if self.warmup is not None:
             stages = sorted({step.stage for step in pipeline.steps.values()})
             self.warmup.observe([f"{stage}/full" for stage in stages], request.arrival)
-        variants: dict[str, str] = {}
-        admission = self.admission
+        state = RequestState(
+            request_id=str(request.index),
+            route=request.route,
+            pipeline=pipeline,
+            payload=request,
+            qos_class=qos,
+            variant="full",
+            arrival=request.arrival,
+            deadline=request.arrival + self.metrics.deadlines[qos],
+            principal=request.tenant,
+        )
+        nodes = {
+            step: GraphNode(
+                node.stage, node.after, payload=request, profile=self._profile(node.stage, request)
+            )
+            for step, node in pipeline.steps.items()
+        }
         try:  # the engine's admission: every stage, its pace, queue and fair shares
-            for stage in self.stages_of[pipeline.name]:
-                variants[stage] = admission.admit(
-                    stage,
-                    qos,
-                    items=max(1, request.images) if self.modality[stage] == "image" else 1,
-                    units=admission.units(self._profile(stage, request)),
-                    principal=request.tenant,
-                    sequence=self._sequence_probe(stage, request, qos),
-                ).variant
+            self.walk.begin(state, nodes)
         except ShedError:
             self._shed(client)
             return
-        run = _RequestRun(
-            request=request,
-            pipeline=pipeline,
-            qos=qos,
-            variants=variants,
-            client=client,
-        )
-        if request.tenant is not None:
-            for stage in variants:
-                admission.shares.hold(stage, request.tenant)
+        self.walk.hold(state)
+        run = _RequestRun(request, state, client)
         self.runs[request.index] = run
-        if not self._enqueue_ready(run):
-            self._drop(run)
-            self._shed(client)
-
-    def _sequence_probe(self, stage: str, request: SimRequest, qos: str) -> StageTask | None:
-        """The sequence a request would place in LLM ``stage`` (what admission judges where
-        it would finish), as a server knows it at arrival: the prompt and a length nine in
-        ten of the stage's recent generations reach (admission sheds what misses even so);
-        None for another stage."""
-        if stage not in self.kv_stages:
-            return None
-        expected = self.scheduler.output_lengths.short(stage)
-        return StageTask(
-            request_id=str(request.index),
-            stage=stage,
-            step=stage,
-            variant="full",
-            qos_class=qos,
-            arrival=request.arrival,
-            deadline=request.arrival + self.metrics.deadlines[qos],
-            kv_tokens=request.text_tokens + expected,
-            output_tokens=expected,
-            id=0,
-        )
+        self._enqueue_ready(run)
 
     def _drop(self, run: _RequestRun) -> None:
-        """Forget a request that will not finish and cancel its queued steps."""
-        if self.runs.pop(run.request.index, None) is not None:
-            self._release(run)
-        for task in run.tasks:
-            self.scheduler.cancel(task)
-            self.scheduler.output_lengths.times.dropped(task.id)
-
-    def _release(self, run: _RequestRun) -> None:
-        """A request ended: its tenant's shares of its stages go back."""
-        tenant = run.request.tenant
-        if tenant is not None:
-            for stage in run.variants:
-                self.admission.shares.release(stage, tenant)
+        """Forget a request that will not finish: its shares go back, its queued steps are
+        dropped."""
+        self.runs.pop(run.request.index, None)
+        self.walk.end(run.state)
 
     def _back_off(self, client: int | None) -> None:
         if client is not None:  # a refused closed-loop client waits a second and tries again
@@ -384,35 +360,14 @@ class _Simulation:
         self.metrics.shed += 1
         self._back_off(client)
 
-    def _enqueue_ready(self, run: _RequestRun) -> bool:
-        stage_of = self.stage_of[run.pipeline.name]
-        for step in run.pipeline.ready_steps(run.done, run.started):
-            stage = stage_of[step]
-            # What a server knows of a generation before it runs: its prompt, and the output
-            # length learnt from the stage's finished ones (not its own, which only the engine
-            # below models): the KV cache the scheduler reserves and places by.
-            expected = self.scheduler.output_lengths.expected(stage)
-            task = StageTask(
-                request_id=str(run.request.index),
-                stage=stage,
-                step=step,
-                variant=run.variants.get(stage, "full"),
-                qos_class=run.qos,
-                arrival=run.request.arrival,
-                deadline=run.request.arrival + self.metrics.deadlines[run.qos],
-                inputs=tuple(run.done[d] for d in run.pipeline.after_of[step]),
-                enqueued_at=self.clock.now(),
-                kv_tokens=run.request.text_tokens + expected,
-                output_tokens=expected,
-                units=self.admission.units(self._profile(stage, run.request)),
-            )
-            try:
-                self.scheduler.enqueue(task)
-            except ShedError:
-                return False
-            run.started.add(step)
-            run.tasks.append(task)
-        return True
+    def _enqueue_ready(self, run: _RequestRun) -> None:
+        """Queue the request's ready steps (the walk's tasks); shed it whole when the
+        scheduler's queue refuses one."""
+        try:
+            self.walk.enqueue_ready(run.state, _request_of)
+        except ShedError:
+            self._drop(run)
+            self._shed(run.client)
 
     def _dispatch(self) -> None:
         while (outcome := self.scheduler.dispatch()) is not None:
@@ -682,23 +637,20 @@ class _Simulation:
             # as a server learns it from the answers it gave, and how long it took
             self.scheduler.output_lengths.observe(dispatch.task.stage, run.request.output_tokens)
             self.scheduler.output_lengths.times.finished(dispatch.task.id, now)
-        run.done[dispatch.task.step] = OutputHandle(
-            device_id, None, int(hint.output_bytes * self._scale(dispatch))
-        )
-        if all(sink in run.done for sink in run.pipeline.sinks):
-            del self.runs[run.request.index]
-            self._release(run)
-            latency = now - run.request.arrival
-            if run.request.arrival >= self.workload.spec.warmup_s:
-                self.metrics.latencies.append(latency)
-                self.metrics.latencies_by_class[run.qos].append(latency)
-            self.metrics.completed += 1
-            self.metrics.last_completion = now
-            if run.client is not None:
-                self._next_closed_loop(run.client, now)
-        elif not self._enqueue_ready(run):
-            self._drop(run)
-            self._shed(run.client)
+        output = OutputHandle(device_id, None, int(hint.output_bytes * self._scale(dispatch)))
+        if not self.walk.record(run.state, dispatch.task, output):
+            self._enqueue_ready(run)
+            return
+        del self.runs[run.request.index]
+        self.walk.end(run.state)
+        latency = now - run.request.arrival
+        if run.request.arrival >= self.workload.spec.warmup_s:
+            self.metrics.latencies.append(latency)
+            self.metrics.latencies_by_class[run.state.qos_class].append(latency)
+        self.metrics.completed += 1
+        self.metrics.last_completion = now
+        if run.client is not None:
+            self._next_closed_loop(run.client, now)
 
     # --- continuous batching of LLM stages (:mod:`decode`) -------------------------------------
 

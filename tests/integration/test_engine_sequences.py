@@ -73,15 +73,15 @@ def test_a_generation_is_placed_with_its_kv_cache_and_timed_when_it_ends() -> No
             enqueue(task)
 
         scheduler.enqueue = recorded  # type: ignore[method-assign]
-        _generate(engine, 100)  # nothing finished yet: no length learnt, no KV to reserve
-        assert (enqueued[0].output_tokens, enqueued[0].kv_tokens) == (0, 0)
+        _generate(engine, 100)  # nothing finished yet: no length learnt, the prompt's KV
+        assert (enqueued[0].output_tokens, enqueued[0].kv_tokens) == (0, PROMPT)
         assert scheduler.output_lengths.expected("chat") == 100
         _generate(engine, 100)
         assert (enqueued[1].output_tokens, enqueued[1].kv_tokens) == (100, PROMPT + 100)
         # placed by the completion it adds, and timed against that prediction when it ended
         assert scheduler.output_lengths.times._seen.get("chat") == 1
-        sequence = engine.admitter.sequence("chat", 100, "standard")
+        sequence = engine.runner.walk.sequence("chat", 100, "standard")
         assert sequence is not None and sequence.kv_tokens == PROMPT + 100
         # the control: without a KV cache in its hint, a stage has no sequence to judge
         scheduler.set_hint("chat", "full", BandwidthHint(1e6, 1e3, batchable=False))
-        assert engine.admitter.sequence("chat", 100, "standard") is None
+        assert engine.runner.walk.sequence("chat", 100, "standard") is None
