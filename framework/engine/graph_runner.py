@@ -141,7 +141,7 @@ class GraphRunner:
         try:
             first = self._start_graph(on_versions(graph, tickets))
         except BaseException:
-            routing.close(tickets)
+            routing.close(tickets, answered=False)  # refused or shed: nothing ran
             raise
 
         def again(retry: dict[str, Ticket]) -> Future[EngineResult]:

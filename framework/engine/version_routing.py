@@ -108,8 +108,10 @@ class VersionRouter:
                 tickets[stage] = Ticket(stage, chosen, canary)
         return tickets
 
-    def close(self, tickets: Mapping[str, Ticket]) -> None:
-        """The request that held ``tickets`` ended (a canary's answer counts as answered)."""
+    def close(self, tickets: Mapping[str, Ticket], answered: bool = True) -> None:
+        """The request that held ``tickets`` ended. Only a canary request ``answered`` (it
+        ran and returned a result) counts towards the canary's promotion: one shed,
+        cancelled or refused for its input says nothing of the new version."""
         ended: list[Canary] = []
         with self.cond:
             for ticket in tickets.values():
@@ -118,7 +120,7 @@ class VersionRouter:
                 ticket.open = False
                 self._inflight[ticket.engine_stage] -= 1
                 canary = ticket.canary
-                if canary is not None and canary.state == "canary":
+                if answered and canary is not None and canary.state == "canary":
                     canary.answered += 1
                     if canary.over(time.monotonic()):
                         self._promote(canary)
@@ -241,13 +243,13 @@ def with_fallback(
         error = None if done.cancelled() else done.exception()
         retry = router.failed(tickets, error) if error is not None else None
         if retry is None:
-            router.close(tickets)
+            router.close(tickets, _answered(done))
             _copy(done, outer)
             return
         try:
             second = again(retry)
         except BaseException as err:  # shed, or shutting down: that is its answer
-            router.close(retry)
+            router.close(retry, answered=False)
             _settle(outer, error=err)
             return
         current[0] = second
@@ -255,7 +257,7 @@ def with_fallback(
             second.cancel()
 
         def second_done(end: Future[Any]) -> None:
-            router.close(retry)
+            router.close(retry, _answered(end))
             _copy(end, outer)
 
         second.add_done_callback(second_done)
@@ -269,7 +271,12 @@ def _closed(router: VersionRouter, tickets: dict[str, Ticket], done: Future[Any]
     """A request without a fallback ended: a canary's failure is counted all the same."""
     error = None if done.cancelled() else done.exception()
     retry = router.failed(tickets, error) if error is not None else None
-    router.close(retry if retry is not None else tickets)
+    router.close(retry if retry is not None else tickets, _answered(done))
+
+
+def _answered(done: Future[Any]) -> bool:
+    """The request ran and returned a result (not cancelled, not failed, not shed)."""
+    return not done.cancelled() and done.exception() is None
 
 
 def _copy(source: Future[Any], target: Future[Any]) -> None:

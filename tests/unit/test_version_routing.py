@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hetero.framework.engine.version_routing import Canary, Ticket, VersionRouter, with_fallback
-from hetero.framework.errors import BackendError, InvalidInputError
+from hetero.framework.errors import BackendError, InvalidInputError, ShedError
 from hetero.framework.policy.schema import RolloutConfig
 
 
@@ -114,3 +114,18 @@ def test_a_caller_gone_while_the_request_is_started_again_cancels_the_second_run
     first.set_exception(BackendError("device lost"))
     assert second.cancelled()
     router.wait_drained("embed")  # its ticket was closed with it
+
+
+def test_a_shed_or_cancelled_canary_request_does_not_count_towards_promotion() -> None:
+    router = VersionRouter()
+    canary = _canary(router, canary_share=1.0, canary_s=0, canary_min_requests=1)
+    shed = router.pick(["embed"])
+    with_fallback(router, shed, _failing(ShedError("queue full", status=429)), None)
+    cancelled: Future[Any] = Future()
+    with_fallback(router, router.pick(["embed"]), cancelled, None)
+    cancelled.cancel()
+    assert (canary.answered, canary.state) == (0, "canary")  # neither ran on the new version
+    answered: Future[Any] = Future()
+    with_fallback(router, router.pick(["embed"]), answered, None)
+    answered.set_result("ok")  # the control: an answer counts, and this one promotes it
+    assert (canary.answered, canary.state) == (1, "promoted")
