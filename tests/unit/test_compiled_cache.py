@@ -240,6 +240,12 @@ def test_the_compiled_codec_reads_and_writes_as_its_source() -> None:
         for codec in codecs:
             with pytest.raises(CorruptEntryError, match="checksum mismatch"):
                 codec.decode(bytes(broken))
+        record = b"\x01" * 27 + blob  # a lower tier's record: its header, then the value
+        for codec in codecs:  # decoded in place, twice (the second on a known layout)
+            assert plain(codec.decode_from(record, 27)) == plain(value)
+            assert plain(codec.decode_from(record, 27)) == plain(value)
+            with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+                codec.decode_from(b"\x01" * 27 + bytes(broken), 27)
 
 
 def test_prune_keeps_the_newest_builds_and_clears_killed_builds_scratch(tmp_path: Path) -> None:
