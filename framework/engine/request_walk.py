@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from hetero.framework.engine.request_graph import GraphNode
 from hetero.framework.engine.requests import RequestState
-from hetero.framework.scheduler import RequestProfile, Scheduler, StageTask
+from hetero.framework.scheduler import OutputHandle, RequestProfile, Scheduler, StageTask
 from hetero.framework.scheduler.request_admission import RequestAdmission
 
 __all__ = ["Admit", "RequestWalk", "StepMeasures", "principal_name"]
@@ -91,8 +91,6 @@ class RequestWalk:
         self.scheduler = scheduler
         self.measures = measures
         self.admit: Admit = admit if admit is not None else self._admit
-        # a static batch runs to its longest output: no sequence of its own to judge
-        self.continuous = scheduler.policy.spec.scheduler.batching.llm == "continuous"
 
     # --- a request starts -------------------------------------------------------------------
 
@@ -173,14 +171,17 @@ class RequestWalk:
         """The sequence a generation would place in ``stage`` (a continuously batched
         KV-cache model), as admission judges it where it would finish: its prompt and the
         length nine in ten of the stage's recent generations reach; None for any other
-        stage."""
+        stage, for a static batch (it runs to its longest output), and before the stage's
+        first generation finished (no length to judge by)."""
         tables = self.scheduler.tables.get(f"{stage}/full")
         measures = self.measures.get(stage)
-        if not self.continuous or tables is None or measures is None:
-            return None
-        if not tables.costs.hint.kv_bytes_per_token:  # no KV cache: not a generation
+        if tables is None or measures is None or not tables.costs.hint.kv_bytes_per_token:
+            return None  # no KV cache: not a generation
+        if self.admission.policy.spec.scheduler.batching.llm != "continuous":
             return None
         short = self.scheduler.output_lengths.short(stage)
+        if not short:
+            return None
         kv_tokens = measures.kv_tokens(payload, short)
         if not kv_tokens:
             return None
@@ -243,15 +244,17 @@ class RequestWalk:
     ) -> None:
         """Queue every step whose inputs are ready. ``inputs`` gives a step's payload;
         ``cached`` answers a step from elsewhere (the feature cache: it records the output
-        and returns True), which can make the next step ready at once.
+        and returns True), which can make the next step ready at once. The policy is
+        admission's (the one a reload put in force).
 
         Raises:
             ShedError: the scheduler's queue refused a step (the steps queued before it stay
-                live: :meth:`end` drops them).
+                live: :meth:`end` drops them); and whatever ``inputs`` raises (a composed
+                input its plugin refused).
         """
         scheduler = self.scheduler
         now = scheduler.clock.now()
-        stages = scheduler.policy.stages
+        stages = self.admission.policy.stages
         pipeline = state.pipeline
         progressed = True
         while progressed:
@@ -288,9 +291,9 @@ class RequestWalk:
                 scheduler.enqueue(task)
                 state.live_tasks[task.id] = task
 
-    def record(self, state: RequestState, task: StageTask, output: Any) -> bool:
-        """A step's task finished with ``output`` (an
-        :class:`~hetero.framework.scheduler.OutputHandle`): True when the request is done."""
+    def record(self, state: RequestState, task: StageTask, output: OutputHandle) -> bool:
+        """A step's task finished with ``output`` (where it is kept): True when the request
+        is done."""
         state.live_tasks.pop(task.id, None)
         state.outputs[task.step] = output
         return state.done()

@@ -185,8 +185,9 @@ class VersionRouter:
             self.cond.notify_all()
 
     def settle_canary(self, canary: Canary) -> None:
-        """Wait until ``canary`` ends: promoted once over (also when no request comes to
-        count it), or rolled back by its failures."""
+        """Wait until ``canary`` ends: promoted once over (its time run, and its count of
+        answered requests reached: it waits for them, however long; a shed or cancelled
+        request is not one), or rolled back by its failures."""
         ended: list[Canary] = []
         with self.cond:
             while canary.state == "canary":

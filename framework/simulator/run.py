@@ -82,19 +82,21 @@ class _RequestRun:
 
 class _SimMeasures:
     """A stage's measures of a simulated request, as its plugin measures a real input: the
-    images it holds (one input each), and the KV cache a generation holds (its prompt plus
-    the tokens it generates)."""
+    images it holds (one input each: a task of an image stage carries that many items, as
+    the engine's does), and for a stage with a KV cache the tokens a generation holds (its
+    prompt plus those it generates; 0 elsewhere)."""
 
-    __slots__ = ("image",)
+    __slots__ = ("image", "kv")
 
-    def __init__(self, modality: str) -> None:
+    def __init__(self, modality: str, kv: bool) -> None:
         self.image = modality == "image"
+        self.kv = kv
 
     def items(self, payload: SimRequest) -> int:
         return max(1, payload.images) if self.image else 1
 
     def kv_tokens(self, payload: SimRequest, output_tokens: int) -> int:
-        return payload.text_tokens + output_tokens
+        return payload.text_tokens + output_tokens if self.kv else 0
 
 
 def _request_of(state: RequestState, step: str) -> SimRequest:
@@ -179,7 +181,10 @@ class _Simulation:
         self.kv = PagedKv(spec.scheduler.kv_block_tokens)
         self.continuous = spec.scheduler.batching.llm == "continuous"
         # the engine's request walk: admission of every stage, the tasks of ready steps
-        measures = {name: _SimMeasures(stage.modality) for name, stage in spec.stages.items()}
+        measures = {
+            name: _SimMeasures(stage.modality, bool(stage.variants["full"].kv_bytes_per_token))
+            for name, stage in spec.stages.items()
+        }
         self.walk = RequestWalk(self.admission, self.scheduler, measures)
         self.load_draws = random.Random(workload.spec.seed)
         self._seed_paces()

@@ -206,5 +206,13 @@ mix:
         begin(state, *args, **kwargs)
 
     simulation.walk.begin = counted  # type: ignore[method-assign]
+    enqueue, items = simulation.scheduler.enqueue, {}
+
+    def recorded(task: Any) -> None:
+        items[task.stage] = task.items
+        enqueue(task)
+
+    simulation.scheduler.enqueue = recorded  # type: ignore[method-assign]
     metrics = simulation.run()
     assert metrics.completed == len(walked) > 0  # every request walked, and finished
+    assert items == {"look": 2, "say": 1}  # its two images, as the engine's plugin counts
