@@ -65,7 +65,8 @@ def plugin_identity(plugin: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CalibrationKey:
-    """What a warm-up timing depends on."""
+    """What a warm-up timing depends on. ``items``: the probe's size; 0 for the model's
+    load time on the device (timed when warm-up loaded it)."""
 
     model_version: str
     graph_format: str

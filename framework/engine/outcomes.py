@@ -64,6 +64,7 @@ class Outcomes:
                 run_s=outcome.run_s if not device_fault else 0.0,
                 batch_size=outcome.batch_size,
                 judge=not isinstance(outcome.error, InputLostError),  # nothing ran to judge
+                load_s=outcome.load_s,
             )
             breaker = self.engine.scheduler.breaker(task.stage, device_id)
             self.engine.metrics.breaker_state.labels(task.stage, device_id).set(

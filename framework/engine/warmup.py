@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
@@ -25,6 +26,8 @@ __all__ = ["WarmUp"]
 
 logger = logging.getLogger(__name__)
 PROBE_RUNS = 3
+# The calibration key's size for a model's load time on a device (a probe has at least one).
+LOAD_ITEMS = 0.0
 
 
 class WarmUp:
@@ -166,9 +169,12 @@ class WarmUp:
             raise RuntimeError("; ".join(f"{d}: {timings[d]}" for d in candidates))
         return measured
 
-    def _key(self, stage: str, device_id: str, probe: Any) -> CalibrationKey | None:
-        """The calibration key of ``probe`` on ``device_id`` (None: the stage names no model
-        version, so nothing says two starts run the same model)."""
+    def _key(
+        self, stage: str, device_id: str, probe: Any, items: float | None = None
+    ) -> CalibrationKey | None:
+        """The calibration key of ``probe`` on ``device_id``, or of the model's load there
+        (``items`` :data:`LOAD_ITEMS`); None: the stage names no model version, so nothing
+        says two starts run the same model."""
         version = self.engine.policy.spec.stages[stage].model_version
         graph_format = self.engine.format_for(stage, device_id)
         if not version or graph_format is None:
@@ -178,7 +184,7 @@ class WarmUp:
             graph_format.value,
             self.engine._device_by_id[device_id],
             self.engine._threads.get(stage, 0),
-            self.engine.plugins[stage].items(probe),
+            self.engine.plugins[stage].items(probe) if items is None else items,
             self.engine.plugins[stage],
         )
 
@@ -194,6 +200,11 @@ class WarmUp:
                 kept[device_id] = seconds
                 with self.engine._lock:
                     self.engine.scheduler.calibrate(stage, device_id, seconds, items)
+            load = self._key(stage, device_id, probe, LOAD_ITEMS)
+            load_s = self.calibrations.get(load) if load is not None else None
+            if load_s is not None:  # what loading it there took, when it was last loaded
+                with self.engine._lock:
+                    self.engine.scheduler.load_measured(f"{stage}/full", device_id, load_s)
         return kept
 
     def _keep(self, stage: str, device_id: str, probe: Any, seconds: float) -> None:
@@ -289,6 +300,12 @@ class WarmUp:
         assert graph_format is not None
         host, threads = self.engine.models[device_id], self.engine._threads.get(stage, 0)
         ran = host.run_batch(plugin, f"{stage}/full", graph_format, threads, [probe])
+        if ran.load_s > 0:  # it loaded first: the scheduler's load estimate there, kept
+            with self.engine._lock:
+                self.engine.scheduler.load_measured(f"{stage}/full", device_id, ran.load_s)
+            key = self._key(stage, device_id, probe, LOAD_ITEMS)
+            if key is not None:
+                self.calibrations.put(key, ran.load_s)
         (result,) = ran.results
         if isinstance(result, BaseException):
             raise result
@@ -325,7 +342,11 @@ class WarmUp:
             return
         graph_format = self.engine.format_for(stage, device_id)
         assert graph_format is not None
+        started = time.perf_counter()
         self.engine.models[device_id].load(
             self.engine.plugins[stage], key, graph_format, self.engine._threads.get(stage, 0)
         )
+        load_s = time.perf_counter() - started
+        with self.engine._lock:
+            self.engine.scheduler.load_measured(key, device_id, load_s)
         self.engine.metrics.loads.labels(stage, device_id).inc()

@@ -1,5 +1,6 @@
 """What the scheduler's cost tables say without placing anything: calibrated estimates, the
-fastest device, run slots and batching of a stage (admission and the engine ask)."""
+fastest device, run slots and batching of a stage (admission and the engine ask), and the
+measurements that calibrate them (warm-up's probes, loads timed where they ran)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ __all__ = ["EstimatesMixin"]
 
 
 class EstimatesMixin(SchedulerState):
-    """Read-only questions about a stage's costs on the fleet."""
+    """Questions about a stage's costs on the fleet, and the measurements that set them."""
 
     def calibrate(self, stage: str, device_id: str, run_s: float, items: float = 1.0) -> None:
         """A measured run of ``items`` items of ``stage``'s full variant on ``device_id``
@@ -29,6 +30,19 @@ class EstimatesMixin(SchedulerState):
                 tables.correction[index] = run_s / modelled
                 self._calibrated[(key, index)] = run_s / modelled  # drift is judged from it
                 tables.refresh(index)
+
+    def load_measured(self, model_key: str, device_id: str, seconds: float) -> None:
+        """A load of ``model_key`` on ``device_id`` took ``seconds``, timed where it ran (a
+        warm-up's, a lane's): the model's load estimate there from now on. The cost model's
+        figure (a fixed set-up plus the bytes over the host link) is a guess; a CPU runtime's
+        session set-up or compilation takes seconds."""
+        tables = self.tables.get(model_key)
+        if tables is None or seconds <= 0:
+            return
+        index = self.fleet.index[device_id]
+        self._loads[(model_key, index)] = seconds
+        tables.costs.load_s[index] = seconds
+        tables.refresh(index)
 
     def estimate_s(self, stage: str, variant: str, device_id: str, items: int = 1) -> float:
         """The calibrated compute estimate of ``items`` items on ``device_id`` (idle device)."""

@@ -22,7 +22,11 @@ So the runner-up is measured in service, a batch at a time:
   most one batch in ``EXPLORE_EVERY + 1`` runs where the estimate says slower, and each trial
   that leaves the runner-up the slower doubles the period (up to :data:`MAX_BACKOFF` times).
   A runner-up that is not loaded first runs one task unmeasured (loading and lazy
-  initialisation are not its pace).
+  initialisation are not its pace), and its load is paid from the same budget: its load runs
+  on the cores the runtimes share, so the trial waits until the preferred runtime has run
+  ``EXPLORE_EVERY`` times the load's worth of batches beyond the period (the load as timed
+  where it ran, :meth:`~hetero.framework.scheduler.estimates.EstimatesMixin.load_measured`;
+  the cost model's guess until then).
 - **What it changes.** The trial's measured correction replaces the shared one half-way (the
   earlier ranking and the new side-by-side evidence weigh alike) and is not shared with the
   group (it is this runtime's own evidence, not the resource's level). A runner-up that
@@ -190,14 +194,22 @@ class ExploringMixin(SchedulerState):
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
         if record.batches < record.period:
             return
-        record.batches = 0
         trials = self._trials.setdefault(tables.costs.key, {})
         members = np.flatnonzero(self._compute_group == group)
         for member in [int(m) for m in members if int(m) in trials]:
             if self.healthy[member] and not tables.draining[member]:
+                record.batches = 0
                 return  # one trial at a time per resource
             del trials[member]  # its device left placement: it cannot finish
         runner_up = self._runner_up(tables, index, members, batch_size)
+        if runner_up is not None and not tables.resident[runner_up]:
+            # its load runs on the cores the resource's runtimes share: paid from the same
+            # budget as a trial's batches, EXPLORE_EVERY of the preferred's for one of its own
+            batch_s = _batch_estimate(tables, index, batch_size)
+            owed = EXPLORE_EVERY * float(tables.costs.load_s[runner_up]) / max(batch_s, 1e-9)
+            if record.batches < record.period + owed:
+                return
+        record.batches = 0
         if runner_up is not None:
             tasks = max(1, round(batch_size / max(1, items)))  # the batch's tasks, about
             warming = not bool(tables.resident[runner_up])
@@ -225,12 +237,9 @@ class ExploringMixin(SchedulerState):
         ]
         if not others:
             return None
-        size = min(max(1, batch_size), costs.hint.max_batch)
 
         def estimate(device: int, correction: float) -> float:
-            batches = costs.batch_s[device] if costs.batch_s else ()
-            modelled = batches[size] if size < len(batches) else costs.marginal_s[device, 0] * size
-            return float(modelled) * correction
+            return _batch_estimate(tables, device, batch_size, correction)
 
         best = min(others, key=lambda m: estimate(m, float(tables.correction[m])))
         calibrated = self._calibrated.get((key, index), 1.0)
@@ -244,3 +253,17 @@ class ExploringMixin(SchedulerState):
             [index, *others], key=lambda m: estimate(m, self._calibrated.get((key, m), 1.0))
         )
         return warm_best if warm_best != index else None
+
+
+def _batch_estimate(
+    tables: StageTables, device: int, batch_size: int, correction: float | None = None
+) -> float:
+    """The cost model's time of a batch of ``batch_size`` on ``device`` (the policy's batch
+    bound applied), times ``correction`` (by default the device's own)."""
+    costs = tables.costs
+    size = min(max(1, batch_size), costs.hint.max_batch)
+    batches = costs.batch_s[device] if costs.batch_s else ()
+    modelled = batches[size] if size < len(batches) else costs.marginal_s[device, 0] * size
+    if correction is None:
+        correction = float(tables.correction[device])
+    return float(modelled) * correction

@@ -170,6 +170,7 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
         self.smoothing = spec.scheduler.measured_smoothing
         self._fleet_arrays(count)
         self._init_exploring()
+        self._loads = {}
         self._breakers: dict[tuple[str, int], DeviceBreaker] = {}
         self._breaker_blocked = {name: np.zeros(count, bool) for name in spec.stages}
         self._not_closed: dict[str, set[int]] = {name: set() for name in spec.stages}
@@ -306,6 +307,9 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
             self._costs(stage, variant, hint), len(self.devices), self._ahead_s(stage, variant)
         )
         fresh.pending[:] = old.pending
+        for (measured_key, index), seconds in self._loads.items():
+            if measured_key == key:  # a load timed where it ran outlives the hint's guess
+                fresh.costs.load_s[index] = seconds
         fresh.correction[:] = old.correction
         fresh.resident[:] = old.resident
         fresh.draining[:] = old.draining
@@ -593,8 +597,10 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
         run_s: float,
         batch_size: int = 1,
         judge: bool = True,
+        load_s: float = 0.0,
     ) -> None:
-        """Report a dispatched task done (``run_s``: its batch's run time). ``judge=False``
+        """Report a dispatched task done (``run_s``: its batch's run time; ``load_s``: the
+        model load it waited for, timed where it ran, 0 when resident). ``judge=False``
         frees its slot without telling the breaker or the estimate (a cancelled request)."""
         now = self.clock.now()
         index = self.fleet.index[dispatch.device_id]
@@ -612,6 +618,8 @@ class Scheduler(ResidencyMixin, EstimatesMixin, ExploringMixin):
             tables.refresh(index)
             self._unblock()
             return
+        if ok and load_s > 0:
+            self.load_measured(dispatch.model_key, dispatch.device_id, load_s)
         if ok and run_s > 0:
             batches = tables.costs.batch_s[index]
             if isinstance(batch_size, int) and 1 <= batch_size < len(batches):  # batch_seconds

@@ -71,6 +71,8 @@ class SchedulerState:
     _kv_device_figures: dict[str, tuple[BandwidthHint, np.ndarray, np.ndarray]]
     # each device's correction as warm-up set it, per (model key, device index); absent: 1.0
     _calibrated: dict[tuple[str, int], float]
+    # a model's load timed where it ran, per (model key, device index): replaces the guess
+    _loads: dict[tuple[str, int], float]
 
     def _backlog_moved(self, index: int) -> None:
         """Device ``index``'s backlog changed: the bounded search's host floors of every

@@ -138,6 +138,9 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         assert "slower" in first.status["encode"].idle[idle]
         assert first.models[chosen].resident("encode/full")
         assert not first.models[idle].resident("encode/full")
+        # each runtime's load, as timed when warm-up loaded it, is placement's figure
+        loads_s = first.scheduler.tables["encode/full"].costs.load_s
+        idle_load_s = float(loads_s[first.scheduler.fleet.index[idle]])
     finally:
         first.close()
     second, loads, runs = _start(store)
@@ -146,6 +149,10 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         # for admission's pace); the other is never loaded, and says why it is idle.
         assert loads == {chosen: 1}
         assert runs.keys() == {chosen}
+        # the runtime left unloaded keeps the load time the first start measured (without
+        # the kept figure it would be the cost model's guess: a set-up plus the bytes)
+        kept_load_s = second.scheduler.tables["encode/full"].costs.load_s
+        assert float(kept_load_s[second.scheduler.fleet.index[idle]]) == idle_load_s
         status = second.status["encode"]
         assert "kept from an earlier start" in status.idle[idle]
         # The chosen runtime was timed again; the kept figure of the other moved with it (in

@@ -45,14 +45,17 @@ def _device(local: str, flops: float) -> DeviceSpec:
     )
 
 
-def _scheduler() -> Scheduler:
-    """Two runtimes of one CPU, the runner-up 1.2x slower by warm-up's probes."""
+def _scheduler(runner_up_load_s: float | None = None) -> Scheduler:
+    """Two runtimes of one CPU, the runner-up 1.2x slower by warm-up's probes; its load
+    timed at ``runner_up_load_s`` (None: the cost model's guess, a few of its batches)."""
     devices = [_device("first/CPU", 1.2e11), _device("second/CPU", 1e11)]
     scheduler = Scheduler(
         load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
     )
     for device in (FIRST, RUNNER_UP):  # warm-up: each as the cost model says
         scheduler.calibrate("embed", device, _modelled(scheduler, device, 1), 1)
+    if runner_up_load_s is not None:
+        scheduler.load_measured("embed/full", RUNNER_UP, runner_up_load_s)
     return scheduler
 
 
@@ -121,8 +124,11 @@ def test_a_trial_measures_the_runner_up_alone() -> None:
     scheduler = _scheduler()
     tables = scheduler.tables["embed/full"]
     first = scheduler.fleet.index[FIRST]
-    _run_batches(scheduler, EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.5})
-    before = float(tables.correction[first])
+    rounds = 0
+    while RUNNER_UP not in _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5}):
+        rounds += 1  # a period, and the runner-up's load paid from the budget
+        assert rounds <= 3 * EXPLORE_EVERY
+    before = float(tables.correction[first])  # it warmed up: the measured batch follows
     rounds = 0
     while not scheduler.stats.counts["runtime_trials"]:  # the trial: warming, then a batch
         _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5})
@@ -169,11 +175,15 @@ def test_a_runner_up_that_stays_slower_is_tried_less_and_less() -> None:
 def test_a_cancelled_trial_task_does_not_end_trials_for_good() -> None:
     scheduler = _scheduler()
     tables = scheduler.tables["embed/full"]
-    for _ in range(EXPLORE_EVERY):  # a period: the next task is the trial's warming one
-        _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5})
-    scheduler.enqueue(StageTask("c", "embed", "embed", "full", "standard", 0.0, 1.0))
-    warming = scheduler.dispatch()
-    assert isinstance(warming, Dispatch) and warming.device_id == RUNNER_UP
+    for number in range(6 * EXPLORE_EVERY):  # one task at a time until the trial's first
+        scheduler.enqueue(StageTask(f"c{number}", "embed", "embed", "full", "standard", 0, 1))
+        warming = scheduler.dispatch()
+        assert isinstance(warming, Dispatch)
+        if warming.device_id == RUNNER_UP:
+            break
+        run_s = 1.5 * _modelled(scheduler, FIRST, 1)
+        scheduler.completed(warming, ok=True, run_s=run_s, batch_size=1)
+    assert warming.device_id == RUNNER_UP
     scheduler.completed(warming, ok=True, run_s=0.0, judge=False)  # its request was cancelled
     assert tables.pending[scheduler.fleet.index[RUNNER_UP]] == 0
     _run_batches(scheduler, 4 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 0.5})
@@ -206,3 +216,35 @@ def test_a_trial_never_sends_the_model_to_another_resource() -> None:
         scheduler.completed(placed, ok=True, run_s=run_s, batch_size=1)
     assert tried  # the drift started trials of the (cold) runner-up
     assert "npu:other/CPU" not in ran
+
+
+def _first_trial_round(runner_up_load_s: float | None) -> int:
+    """The round (two tasks, one batch) whose tasks first went to the runner-up."""
+    scheduler = _scheduler(runner_up_load_s)
+    for number in range(1, 12 * EXPLORE_EVERY):
+        if RUNNER_UP in _run_batches(scheduler, 1, {FIRST: 1.5, RUNNER_UP: 0.5}):
+            return number
+    raise AssertionError("no trial")
+
+
+def test_a_runner_up_that_must_load_first_waits_until_the_budget_paid_for_its_load() -> None:
+    """Its load runs on the cores the runtimes share: a load worth four of the preferred
+    runtime's batches waits EXPLORE_EVERY times that many more batches (the control: one
+    that loads quickly is tried after about one period)."""
+    batch_s = 1.5 * _modelled(_scheduler(), FIRST, 2)  # a batch of two as it runs there
+    quick = _first_trial_round(None)  # the cost model's guess: well under a batch's time
+    slow = _first_trial_round(4 * batch_s)
+    assert quick <= 2 * EXPLORE_EVERY
+    assert 3 * EXPLORE_EVERY <= slow - quick <= 5 * EXPLORE_EVERY
+
+
+def test_a_load_timed_where_it_ran_replaces_the_cost_models_guess() -> None:
+    scheduler = _scheduler()
+    tables = scheduler.tables["embed/full"]
+    first = scheduler.fleet.index[FIRST]
+    guess = float(tables.costs.load_s[first])
+    scheduler.load_measured("embed/full", FIRST, 2.5)
+    assert float(tables.costs.load_s[first]) == 2.5 != guess
+    hint = tables.costs.hint  # a new hint rebuilds the tables: the timed load stays
+    scheduler.set_hint("embed", "full", hint)
+    assert float(scheduler.tables["embed/full"].costs.load_s[first]) == 2.5
