@@ -1,6 +1,8 @@
-"""The request graph's way in: access checks, feature-cache lookups before admission,
-admission of every stage, registration, and each step queued once its inputs are ready (its
-payload given, composed from its dependencies' outputs, or a bare graph's arrays merged)."""
+"""The request graph's way in: the model version of each stage, access checks, feature-cache
+lookups before admission, registration, and each step's input (given, composed from its
+dependencies' outputs, or a bare graph's arrays merged). Admission of every stage, fair shares
+and the queueing of ready steps are the request walk's (:mod:`request_walk`), which the
+simulator runs too."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The discrete-event simulation: the SAME scheduler, placement, memory manager, batching and
-breakers as the engine, on simulated devices and a virtual clock.
+"""The discrete-event simulation: the SAME request walk (admission of every stage, fair shares,
+the tasks of ready steps: :mod:`~hetero.framework.engine.request_walk`), scheduler, placement,
+memory manager, batching and breakers as the engine, on simulated devices and a virtual clock.
 
 Events are arrivals, batch completions and batch timers. After each event the scheduler
 dispatches what it can; each device runs one batch at a time, taking the model's load time first
