@@ -73,8 +73,7 @@ class CompletionMixin(SchedulerState):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The devices of ``mask``, and on each the sequence's own expected completion and
         what it costs the sequences already there (:meth:`sequence_cost_s`), for ``tokens``
-        output tokens (the task's ``output_tokens`` by default). :meth:`_step_s` gives what
-        each more token adds to the first."""
+        output tokens (the task's ``output_tokens`` by default)."""
         tokens = task.output_tokens if tokens is None else tokens
         pace, inverse = self._kv_device_figures_of(tables)
         indices = np.flatnonzero(mask)
@@ -88,6 +87,19 @@ class CompletionMixin(SchedulerState):
         )
         others = running * (pace[indices] + 0.5 * tokens * kv_bytes * inverse[indices])
         return indices, own, others
+
+    def _alone_s(
+        self, tables: StageTables, indices: np.ndarray, kv_bytes: int, tokens: int
+    ) -> np.ndarray:
+        """Per device of ``indices``, a sequence's own completion there (as
+        :meth:`_sequence_terms` counts it) with the device to itself: no other sequence there,
+        none of their KV cache, ``tokens`` output tokens, a KV cache of ``kv_bytes``."""
+        pace, inverse = self._kv_device_figures_of(tables)
+        held = tables.resident_bytes[indices] + kv_bytes
+        alone: np.ndarray = (
+            tables.load_now[indices] + pace[indices] + tokens * held * inverse[indices]
+        )
+        return alone
 
     def _timed(self, task: StageTask, index: int, now: float) -> None:
         """Note the completion predicted for sequence ``task`` on device ``index``, where it
@@ -118,12 +130,3 @@ class CompletionMixin(SchedulerState):
             wait[indices] += running * 0.5 * reserved * inverse  # the KV cache counted once
             reserved = np.where(running, 0.0, reserved)
         return wait
-
-    def _step_s(self, tables: StageTables, indices: np.ndarray, kv_bytes: int) -> np.ndarray:
-        """Per device of ``indices``, one decode step of a sequence of ``tables``' model
-        placed there: the weights, the KV cache reserved there and its own over the memory
-        bandwidth (roofline)."""
-        inverse = self._kv_device_figures_of(tables)[1][indices]
-        reserved = np.array([self.memory[i].kv_reserved for i in indices.tolist()], float)
-        step: np.ndarray = (tables.resident_bytes[indices] + reserved + kv_bytes) * inverse
-        return step

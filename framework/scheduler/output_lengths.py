@@ -108,7 +108,8 @@ class OutputLengths:
 
     def long(self, stage: str) -> int:
         """A length that only one in ten of the stage's recent generations exceeds (their
-        90th percentile; 0: none finished yet): placement weighs a sequence's own completion
-        at it, so that one which turns out long is not where only a short one finishes
-        soon."""
+        90th percentile; 0: none finished yet): placement keeps a sequence off a device that
+        would finish one this long later, even alone, than another candidate as it is
+        (:meth:`ResidencyMixin._fast_enough_if_long`), so that one which turns out long is
+        not where only a short one finishes soon."""
         return self._long.get(stage, 0)

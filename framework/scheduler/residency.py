@@ -155,12 +155,12 @@ class ResidencyMixin(PlacementMixin):
         self, task: StageTask, tables: StageTables, mask: np.ndarray, kv_bytes: int
     ) -> np.ndarray:
         """A sequence whose output length is known goes where it adds the least completion
-        time (:meth:`sequence_cost_s` plus its input's transfer), of the candidates that take
-        it without evicting where there are any; of equals, the one given a sequence of the
-        model least recently. Its own completion is weighed at the long end of the stage's
-        lengths (:meth:`OutputLengths.long`): one that turns out long, placed where only a
-        short one finishes soon, makes the tail. Its completion at the expected length is
-        kept for :meth:`_timed`."""
+        time at that length (:meth:`sequence_cost_s` plus its input's transfer), of the
+        candidates that take it without evicting where there are any and, once the stage's
+        long length is known (:meth:`OutputLengths.long`), that are fast enough should it
+        turn out long (:meth:`_fast_enough_if_long`); of equals, the one given a sequence of
+        the model least recently. Its completion at the expected length is kept for
+        :meth:`_timed`."""
         room = self._without_eviction(tables, mask)
         if np.count_nonzero(room):
             mask = room
@@ -169,15 +169,43 @@ class ResidencyMixin(PlacementMixin):
         transfer = self._transfer(task, tables)
         indices, own, others = self._sequence_terms(task, tables, mask, kv_bytes)
         cost = np.full(len(self.devices), np.inf)
-        longer = self.output_lengths.long(task.stage) - task.output_tokens
-        tail = own + max(0, longer) * self._step_s(tables, indices, kv_bytes)
-        cost[indices] = tail + others + transfer[indices]
+        cost[indices] = own + others + transfer[indices]
         self._predicted = (task.id, indices, own + transfer[indices])
+        long = self.output_lengths.long(task.stage)
+        if long > task.output_tokens:
+            mask = mask & self._fast_enough_if_long(task, tables, indices, kv_bytes, long, transfer)
         least = np.where(mask, cost, np.inf)
         soonest = mask & (least <= least.min())
         last = np.where(soonest, self._last_placed(tables.costs.key), np.inf)
         earliest: np.ndarray = soonest & (last <= last.min())
         return earliest
+
+    def _fast_enough_if_long(
+        self,
+        task: StageTask,
+        tables: StageTables,
+        indices: np.ndarray,
+        kv_bytes: int,
+        long: int,
+        transfer: np.ndarray,
+    ) -> np.ndarray:
+        """Of the devices ``indices``, those where sequence ``task``, should it generate
+        ``long`` tokens, would finish with the device to itself no later than it would on the
+        candidate where it finishes soonest as that one is now (its transfer counted on both).
+        Any other is slower for a long sequence whatever its load (less memory bandwidth):
+        what placing it there saves is the others' time on the busier device, which the
+        least added time alone trades for a long one's own, and the sequences that turn out
+        long there are the tail (docs/scheduler.md). A device like that candidate, with the
+        model resident, passes (alone it beats that one as it is) but for its input's
+        transfer, so this narrows the choice between kinds of device, not between devices of
+        a kind; and a slower kind takes sequences again once the faster one is loaded enough
+        that a long one would finish no sooner there."""
+        mask = np.zeros(len(self.devices), bool)
+        mask[indices] = True
+        _, as_is, _ = self._sequence_terms(task, tables, mask, kv_bytes, long)
+        alone = self._alone_s(tables, indices, kv_bytes, long)
+        mask[indices] = alone + transfer[indices] <= (as_is + transfer[indices]).min()
+        return mask
 
     def _last_placed(self, name: str) -> np.ndarray:
         """When each device was last given a sequence of KV-cache model ``name`` (a model
