@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 PROBE_RUNS = 3
 # The calibration key's size for a model's load time on a device (a probe has at least one).
 LOAD_ITEMS = 0.0
+# The calibration key's size for the spread of a probe's timed runs (slowest over fastest).
+SPREAD_ITEMS = -1.0
 
 
 class WarmUp:
@@ -36,6 +38,7 @@ class WarmUp:
     def __init__(self, engine: Engine, calibrations: CalibrationStore | None = None) -> None:
         self.engine = engine
         self.calibrations = calibrations or CalibrationStore()
+        self._spreads: dict[tuple[str, str], float] = {}  # (stage, device): probe's spread
 
     def run(
         self,
@@ -159,6 +162,8 @@ class WarmUp:
                 timings[device_id] = seconds = min(runs)
                 self._record(stage, device_id, probe, seconds)
                 self._keep(stage, device_id, probe, seconds)
+                if seconds > 0:  # how far apart its runs were: what a probe cannot tell apart
+                    self._spread(stage, device_id, probe, max(runs) / seconds, keep=True)
         if errors:  # placement leaves out the devices that could not run it
             self.set_hints(stage)
         measured = [d for d in candidates if d not in errors]
@@ -172,9 +177,9 @@ class WarmUp:
     def _key(
         self, stage: str, device_id: str, probe: Any, items: float | None = None
     ) -> CalibrationKey | None:
-        """The calibration key of ``probe`` on ``device_id``, or of the model's load there
-        (``items`` :data:`LOAD_ITEMS`); None: the stage names no model version, so nothing
-        says two starts run the same model."""
+        """The calibration key of ``probe`` on ``device_id``, of the model's load there
+        (``items`` :data:`LOAD_ITEMS`) or of the probe's spread (:data:`SPREAD_ITEMS`); None:
+        the stage names no model version, so nothing says two starts run the same model."""
         version = self.engine.policy.spec.stages[stage].model_version
         graph_format = self.engine.format_for(stage, device_id)
         if not version or graph_format is None:
@@ -200,12 +205,26 @@ class WarmUp:
                 kept[device_id] = seconds
                 with self.engine._lock:
                     self.engine.scheduler.calibrate(stage, device_id, seconds, items)
+            spread = self._key(stage, device_id, probe, SPREAD_ITEMS)
+            kept_spread = self.calibrations.get(spread) if spread is not None else None
+            if kept_spread is not None:
+                self._spread(stage, device_id, probe, kept_spread, keep=False)
             load = self._key(stage, device_id, probe, LOAD_ITEMS)
             load_s = self.calibrations.get(load) if load is not None else None
             if load_s is not None:  # what loading it there took, when it was last loaded
                 with self.engine._lock:
                     self.engine.scheduler.load_measured(f"{stage}/full", device_id, load_s)
         return kept
+
+    def _spread(self, stage: str, device_id: str, probe: Any, spread: float, *, keep: bool) -> None:
+        """Tell the scheduler how far apart the probe's timed runs on ``device_id`` were
+        (slowest over fastest), and keep the figure with the timing (``keep``)."""
+        self._spreads[(stage, device_id)] = spread
+        with self.engine._lock:
+            self.engine.scheduler.probe_spread(stage, device_id, spread)
+        key = self._key(stage, device_id, probe, SPREAD_ITEMS) if keep else None
+        if key is not None:
+            self.calibrations.put(key, spread)
 
     def _keep(self, stage: str, device_id: str, probe: Any, seconds: float) -> None:
         key = self._key(stage, device_id, probe)
@@ -225,10 +244,19 @@ class WarmUp:
                 continue
             estimate_s = scheduler.estimate_s(stage, "full", device_id)
             source = "kept from an earlier start" if device_id in kept else "timed at warm-up"
+            spread = max(
+                self._spreads.get((stage, best), 1.0), self._spreads.get((stage, device_id), 1.0)
+            )
+            untold = (
+                f"; within the probes' own spread ({spread:.2f}x), so it is tried against "
+                f"{best} in service, under load"
+                if estimate_s < spread * chosen_s
+                else ""
+            )
             status.idle[device_id] = (
                 f"slower: {estimate_s * 1e3:.1f} ms an item against {chosen_s * 1e3:.1f} ms "
                 f"on {best} ({source}); runtimes of one compute resource share it, so the "
-                f"faster one takes all its work"
+                f"faster one takes all its work{untold}"
                 if scheduler.shares_compute(device_id, best)
                 else f"slower: {estimate_s * 1e3:.1f} ms an item against "
                 f"{chosen_s * 1e3:.1f} ms on {best} ({source}); loaded when placement sends "

@@ -31,6 +31,14 @@ class EstimatesMixin(SchedulerState):
                 self._calibrated[(key, index)] = run_s / modelled  # drift is judged from it
                 tables.refresh(index)
 
+    def probe_spread(self, stage: str, device_id: str, spread: float) -> None:
+        """Warm-up's timed runs of ``stage``'s probe on ``device_id`` were ``spread`` apart
+        (slowest over fastest). Two runtimes of one compute resource whose figures differ by
+        less than that were not told apart by the probes, so the one placement prefers is
+        checked against the other in service (:mod:`~hetero.framework.scheduler.exploring`)."""
+        if spread >= 1.0:
+            self._probe_spread[(stage, self.fleet.index[device_id])] = spread
+
     def load_measured(self, model_key: str, device_id: str, seconds: float) -> None:
         """A load of ``model_key`` on ``device_id`` took ``seconds``, timed where it ran (a
         warm-up's, a lane's): the model's load estimate there from now on. The cost model's

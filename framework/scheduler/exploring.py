@@ -12,10 +12,13 @@ So the runner-up is measured in service, a batch at a time:
 
 - **When.** The preferred runtime's correction moved from its warm-up figure by a factor ``f``
   (either way): the cost model is off by that much there, so a runtime of its group whose
-  estimate is within ``f`` of its own may in truth be faster. Also while the preferred runtime
-  is not the one warm-up found fastest: service evidence overrode warm-up's, and it goes on
-  being checked (the load that made it may have passed). Otherwise nothing is explored: a cost
-  model that holds, as at low load, costs nothing.
+  estimate is within ``f`` of its own may in truth be faster. Likewise a runtime whose
+  estimate is within the spread of warm-up's timed runs (slowest over fastest, on either of
+  the two: :meth:`~hetero.framework.scheduler.estimates.EstimatesMixin.probe_spread`): the
+  probes did not tell the two apart, so which is faster is left to service. Also while the
+  preferred runtime is not the one warm-up found fastest: service evidence overrode warm-up's,
+  and it goes on being checked (the load that made it may have passed). Otherwise nothing is
+  explored: a cost model that holds, between runtimes the probes told apart, costs nothing.
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
   batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
   or fits in free memory: a trial never evicts), of the size the preferred one last ran. At
@@ -90,6 +93,7 @@ class ExploringMixin(SchedulerState):
 
     def _init_exploring(self) -> None:
         self._calibrated = {}
+        self._probe_spread = {}
         self._explore = {}
         self._trials = {}
 
@@ -245,6 +249,9 @@ class ExploringMixin(SchedulerState):
         calibrated = self._calibrated.get((key, index), 1.0)
         drift = float(tables.correction[index]) / calibrated if calibrated > 0 else 1.0
         band = max(drift, 1.0 / drift) if drift > 0 else 1.0
+        stage = key.split("/", 1)[0]  # what the probes themselves could not tell apart
+        spread = self._probe_spread
+        band = max(band, spread.get((stage, index), 1.0), spread.get((stage, best), 1.0))
         if estimate(best, float(tables.correction[best])) < band * estimate(
             index, float(tables.correction[index])
         ):

@@ -71,6 +71,9 @@ class SchedulerState:
     _kv_device_figures: dict[str, tuple[BandwidthHint, np.ndarray, np.ndarray]]
     # each device's correction as warm-up set it, per (model key, device index); absent: 1.0
     _calibrated: dict[tuple[str, int], float]
+    # how far apart a probe's timed runs were (slowest over fastest), per (stage, device
+    # index); absent: 1.0 (not probed, or a simulated fleet)
+    _probe_spread: dict[tuple[str, int], float]
     # a model's load timed where it ran, per (model key, device index): replaces the guess
     _loads: dict[tuple[str, int], float]
 

@@ -4,6 +4,7 @@ loads the stage only where placement will run it, saying why it left the other r
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from hetero.backends.npu import NpuBackend
 from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
 from hetero.framework.engine.calibration import CalibrationStore
-from hetero.framework.engine.warmup import PROBE_RUNS
+from hetero.framework.engine.warmup import PROBE_RUNS, SPREAD_ITEMS
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
@@ -141,6 +142,13 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         # each runtime's load, as timed when warm-up loaded it, is placement's figure
         loads_s = first.scheduler.tables["encode/full"].costs.load_s
         idle_load_s = float(loads_s[first.scheduler.fleet.index[idle]])
+        # how far apart each runtime's timed runs were is kept beside its timing, and is
+        # what the scheduler holds (what the probes could not tell apart is tried in service)
+        kept = json.loads((tmp_path / "calibration.json").read_text())
+        spreads = [v for k, v in kept.items() if k.split("|")[6] == repr(SPREAD_ITEMS)]
+        assert len(spreads) == 2 and all(spread >= 1.0 for spread in spreads)
+        first_spreads = dict(first.scheduler._probe_spread)
+        assert sorted(first_spreads.values()) == sorted(spreads)
     finally:
         first.close()
     second, loads, runs = _start(store)
@@ -153,6 +161,7 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         # the kept figure it would be the cost model's guess: a set-up plus the bytes)
         kept_load_s = second.scheduler.tables["encode/full"].costs.load_s
         assert float(kept_load_s[second.scheduler.fleet.index[idle]]) == idle_load_s
+        assert second.scheduler._probe_spread == first_spreads  # the kept spreads, both
         status = second.status["encode"]
         assert "kept from an earlier start" in status.idle[idle]
         # The chosen runtime was timed again; the kept figure of the other moved with it (in

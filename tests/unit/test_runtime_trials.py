@@ -108,6 +108,24 @@ def test_the_control_without_drift_nothing_is_tried() -> None:
     assert scheduler.stats.counts["runtime_trials"] == 0
 
 
+def test_runtimes_the_probes_did_not_tell_apart_are_compared_in_service() -> None:
+    """No drift, but warm-up's runs on the preferred runtime were 1.3x apart: the runner-up,
+    1.2x slower by the probes, is within that, so it is tried, and it takes the model when it
+    measures faster (0.6x its figure, 0.72x the preferred's). The control: runs 1.1x apart
+    tell the two apart, and nothing is tried."""
+    told_apart = _scheduler()
+    told_apart.probe_spread("embed", FIRST, 1.1)
+    ran = _run_batches(told_apart, 4 * EXPLORE_EVERY, {FIRST: 1.0, RUNNER_UP: 0.6})
+    assert set(ran) == {FIRST}
+    assert told_apart.stats.counts["runtime_trials"] == 0
+
+    untold = _scheduler()
+    untold.probe_spread("embed", FIRST, 1.3)
+    ran = _run_batches(untold, 4 * EXPLORE_EVERY, {FIRST: 1.0, RUNNER_UP: 0.6})
+    assert untold.stats.counts["runtime_trials"] >= 1
+    assert ran[-2:] == [RUNNER_UP] * 2
+
+
 def test_a_runner_up_that_measures_slower_stays_the_runner_up() -> None:
     scheduler = _scheduler()
     ran = _run_batches(scheduler, 4 * EXPLORE_EVERY, {FIRST: 1.5, RUNNER_UP: 2.0})
