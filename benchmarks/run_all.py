@@ -148,7 +148,7 @@ def bench_serve() -> None:
     from hetero.framework.bench.serve import run_serve_bench
     from hetero.framework.bench.serve_report import print_report
 
-    result = run_serve_bench(progress=print)
+    result = run_serve_bench(rounds=3, progress=print)
     target = Path(__file__).resolve().parent.parent / "results" / "serve.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -5,7 +5,9 @@ baseline, side by side in one run, on the peers harness's load (closed loop, 70 
 Per stack: a cold-cache run at each concurrency (every request's content is new) and a run where
 30 % of requests repeat earlier content, which only hetero's feature cache can turn into less
 work. FastAPI and hetero run as child processes, so their start-up (launch to ready) and idle
-memory (RSS of the process tree, both models loaded and warmed) are theirs alone. ONNX Runtime
+memory (RSS of the process tree, both models loaded and warmed) are theirs alone; they start one
+at a time, then all stay up while the points are measured interleaved over rounds (each point
+its median round), so that drift on the machine falls on every stack alike. ONNX Runtime
 spin-waiting is off for every stack (the executor's setting). Timing is never pass/fail: the
 report gives figures, ratios and the goals they are read against.
 """
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,12 @@ import yaml
 
 from hetero.framework.bench import serve_procs as bench_procs
 from hetero.framework.bench.engine import engine_overhead
-from hetero.framework.bench.serve_load import closed_loop, closed_loop_groups, inprocess_loop
+from hetero.framework.bench.serve_load import (
+    closed_loop,
+    closed_loop_groups,
+    inprocess_loop,
+    median_point,
+)
 from hetero.framework.bench.serve_mix import RequestMix, new_nonce
 
 __all__ = ["DEFAULT_CONCURRENCY", "POLICY", "REPEAT_SHARE", "ratios", "run_serve_bench"]
@@ -101,45 +110,64 @@ def _warm(url: str) -> None:
             seen[request.route] = seen.get(request.route, 0) + 1
 
 
-def _served(
-    args: list[str],
-    ready_path: str,
-    seconds: float,
-    concurrency: Sequence[int],
-    logs: Path,
-    progress: Progress,
-    label: str,
-    *,
-    modes: Sequence[str] = ("points",),
-    isolation: bool = True,
-) -> dict[str, Any]:
+@dataclass(slots=True)
+class _Running:
+    """A stack's server, up, and what was measured of it."""
+
+    label: str
+    url: str
+    process: subprocess.Popen[bytes]
+    ready_path: str
+    out: dict[str, Any]
+    rounds: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _launch(args: list[str], ready_path: str, logs: Path, label: str) -> _Running:
+    """Start a stack and wait until it is ready (start-up and idle memory are its own)."""
     port = bench_procs.free_port()
     url = f"http://127.0.0.1:{port}"
-    log = logs / f"{label}.log"
     argv = [a.replace("{port}", str(port)) for a in args]
     process, out = bench_procs.launch(
-        argv[0], argv[1:], log, url, ready_path, READY_TIMEOUT_S, _warm, label
+        argv[0], argv[1:], logs / f"{label}.log", url, ready_path, READY_TIMEOUT_S, _warm, label
     )
-    try:
-        for mode in modes:
-            share = REPEAT_SHARE if mode == "repeated" else 0.0
-            out[mode] = {}
-            for workers in concurrency:
-                progress(f"{label}: {mode} at concurrency {workers}")
-                mix = RequestMix(new_nonce(), repeat_share=share)
-                out[mode][str(workers)] = closed_loop(
-                    url, mix, workers, warmup_s=_warmup_s(seconds), seconds=seconds
-                )
-        if isolation:
-            progress(f"{label}: isolation ({max(concurrency)} vision clients + 1 embed client)")
-            out["isolation"] = _isolation(url, seconds, max(concurrency))
-        out["rss_after_load_mb"] = bench_procs.tree_rss_mb(process.pid)
-        if ready_path == "/ready":
-            with httpx.Client(base_url=url, timeout=10.0, trust_env=False) as client:
-                out["stages"] = client.get("/v1/devices").json().get("stages", [])
-        return out
-    finally:
-        bench_procs.stop(process)
+    return _Running(label, url, process, ready_path, out)
+
+
+def _point(stack: _Running, mode: str, workers: int, seconds: float) -> dict[str, Any]:
+    share = REPEAT_SHARE if mode == "repeated" else 0.0
+    mix = RequestMix(new_nonce(), repeat_share=share)
+    return closed_loop(stack.url, mix, workers, warmup_s=_warmup_s(seconds), seconds=seconds)
+
+
+def _interleaved(
+    plan: Sequence[tuple[_Running, str]],
+    concurrency: Sequence[int],
+    seconds: float,
+    rounds: int,
+    progress: Progress,
+) -> None:
+    """Measure every (stack, mode) of ``plan`` at every concurrency, side by side: per round
+    and concurrency each in turn, the order rotated each round; a point is its median round
+    (a load that drifts over the run falls on every stack alike)."""
+    for round_index in range(rounds):
+        shift = round_index % len(plan)
+        for workers in concurrency:
+            for stack, mode in [*plan[shift:], *plan[:shift]]:
+                progress(f"round {round_index + 1}: {stack.label} {mode} at concurrency {workers}")
+                point = _point(stack, mode, workers, seconds)
+                stack.rounds.setdefault((mode, workers), []).append(point)
+    for stack, mode in plan:
+        stack.out[mode] = {
+            str(workers): median_point(stack.rounds[(mode, workers)]) for workers in concurrency
+        }
+
+
+def _finish(stack: _Running) -> None:
+    """What a stack holds after its load, and where each stage ran."""
+    stack.out["rss_after_load_mb"] = bench_procs.tree_rss_mb(stack.process.pid)
+    if stack.ready_path == "/ready":
+        with httpx.Client(base_url=stack.url, timeout=10.0, trust_env=False) as client:
+            stack.out["stages"] = client.get("/v1/devices").json().get("stages", [])
 
 
 def _isolation(url: str, seconds: float, heavy_clients: int) -> dict[str, Any]:
@@ -171,9 +199,13 @@ def run_serve_bench(
     *,
     policy: str = POLICY,
     baseline_threads: int | None = None,
+    rounds: int = 1,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Measure every stack and return the report (figures, ratios, goals); see the module doc."""
+    """Measure every stack and return the report (figures, ratios, goals); see the module doc.
+
+    The stacks start one at a time and then all stay up while the points are measured
+    interleaved over ``rounds`` (:func:`_interleaved`); the isolation scenario follows."""
     report = progress or (lambda message: None)
     threads = baseline_threads or os.cpu_count() or 1
     stacks: dict[str, Any] = {}
@@ -183,33 +215,41 @@ def run_serve_bench(
         stacks["inprocess"] = _inprocess(seconds, threads)
         fastapi_args = [bench_procs.MODULE, "fastapi", "--port", "{port}"]
         fastapi_args += ["--threads", str(threads)]
-        stacks["fastapi"] = _served(fastapi_args, "", seconds, concurrency, logs, report, "fastapi")
-        for label, variant, modes, isolation in (
-            ("hetero", policy_variant(policy, logs, cache=False), ("points", "repeated"), True),
-            ("hetero_cache", policy, ("repeated",), False),
-            (
-                "hetero_free",
-                policy_variant(policy, logs, cache=False, pinned=False),
-                ("points",),
-                False,
-            ),
-        ):
-            args = [bench_procs.CLI_MODULE, "serve", "--policy", variant, "--port", "{port}"]
-            stacks[label] = _served(
-                args,
-                "/ready",
-                seconds,
-                concurrency,
-                logs,
-                report,
-                label,
-                modes=modes,
-                isolation=isolation,
-            )
+        running: list[_Running] = []
+        try:
+            report("fastapi: starting")
+            running.append(_launch(fastapi_args, "", logs, "fastapi"))
+            for label, variant in (
+                ("hetero", policy_variant(policy, logs, cache=False)),
+                ("hetero_cache", policy),
+                ("hetero_free", policy_variant(policy, logs, cache=False, pinned=False)),
+            ):
+                report(f"{label}: starting")
+                args = [bench_procs.CLI_MODULE, "serve", "--policy", variant, "--port", "{port}"]
+                running.append(_launch(args, "/ready", logs, label))
+            fastapi, hetero, cached, free = running
+            plan = [
+                (fastapi, "points"),
+                (hetero, "points"),
+                (hetero, "repeated"),
+                (cached, "repeated"),
+                (free, "points"),
+            ]
+            _interleaved(plan, concurrency, seconds, rounds, report)
+            for stack in (fastapi, hetero):
+                report(f"{stack.label}: isolation ({max(concurrency)} vision clients + 1 embed)")
+                stack.out["isolation"] = _isolation(stack.url, seconds, max(concurrency))
+            for stack in running:
+                _finish(stack)
+                stacks[stack.label] = stack.out
+        finally:
+            for stack in running:
+                bench_procs.stop(stack.process)
     report("engine: per-request overhead, no model")
     overhead = engine_overhead()
     result: dict[str, Any] = {
         "seconds": seconds,
+        "rounds": rounds,
         "warmup_s": _warmup_s(seconds),
         "concurrency": list(concurrency),
         "repeat_share": REPEAT_SHARE,

@@ -19,7 +19,7 @@ import numpy as np
 
 from hetero.framework.bench.serve_mix import BenchRequest, RequestMix
 
-__all__ = ["Record", "closed_loop", "inprocess_loop", "summarize"]
+__all__ = ["Record", "closed_loop", "inprocess_loop", "median_point", "summarize"]
 
 ROUTES = ("/embed", "/vision")
 MAX_ERROR_SAMPLES = 5
@@ -156,3 +156,12 @@ def inprocess_loop(
         if began >= start:
             records.append(Record(request.route, began, time.perf_counter(), ok))
     return summarize(records, end, seconds)
+
+
+def median_point(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median throughput (its latencies and routes as measured), with
+    every round's req/s beside it."""
+    ordered = sorted(rounds, key=lambda point: point["req_s"])
+    point = dict(ordered[(len(ordered) - 1) // 2])
+    point["rounds_req_s"] = [r["req_s"] for r in rounds]
+    return point

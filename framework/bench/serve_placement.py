@@ -36,7 +36,7 @@ import yaml
 
 from hetero.framework.bench import serve_procs as bench_procs
 from hetero.framework.bench.serve import POLICY, _warm, _warmup_s
-from hetero.framework.bench.serve_load import closed_loop
+from hetero.framework.bench.serve_load import closed_loop, median_point
 from hetero.framework.bench.serve_mix import RequestMix, new_nonce
 from hetero.framework.bench.serve_stages import SIX_STAGE_POLICY, StageMix
 
@@ -201,15 +201,6 @@ def _stages_of(stack: _Stack) -> list[dict[str, Any]]:
     return stages
 
 
-def _median_point(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median throughput (its latencies and routes as measured), with
-    every round's req/s beside it."""
-    ordered = sorted(rounds, key=lambda point: point["req_s"])
-    point = dict(ordered[(len(ordered) - 1) // 2])
-    point["rounds_req_s"] = [r["req_s"] for r in rounds]
-    return point
-
-
 def run_placement_bench(
     seconds: float = 5.0,
     concurrency: Sequence[int] = (1, 8, 32),
@@ -285,7 +276,7 @@ def run_placement_bench(
                 stacks[stack.label] = {
                     **stack.figures,
                     "assignment": assignments.get(stack.label, "free"),
-                    "points": {c: _median_point(r) for c, r in stack.rounds.items()},
+                    "points": {c: median_point(r) for c, r in stack.rounds.items()},
                     "rss_after_load_mb": bench_procs.tree_rss_mb(stack.process.pid),
                     "stages": _stages_of(stack),
                 }

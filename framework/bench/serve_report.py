@@ -58,6 +58,7 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
     table = Table(
         title=(
             f"Serving, 70 % /embed + 30 % /vision, closed loop, {result['seconds']:g} s per point"
+            f", median of {result.get('rounds', 1)} interleaved rounds"
             f" (ORT spin-waiting off, {result['cpus']} CPUs)"
         ),
         title_justify="left",
@@ -120,11 +121,15 @@ def run_bench_serve(
     as_json: bool,
     seconds: float = 5.0,
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    rounds: int = 1,
 ) -> int:
     """Run the serving bench and print it (progress on stderr)."""
     err = Console(stderr=True)
     result = run_serve_bench(
-        seconds, concurrency, progress=lambda message: err.print(message, highlight=False)
+        seconds,
+        concurrency,
+        rounds=rounds,
+        progress=lambda message: err.print(message, highlight=False),
     )
     if as_json:
         print_json(console, result)

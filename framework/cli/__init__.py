@@ -104,7 +104,10 @@ def _add_bench(commands: Any) -> None:
         "policy's six stages, one pipeline each)",
     )
     bench.add_argument(
-        "--rounds", type=int, default=2, help="serve --placement: interleaved rounds per point"
+        "--rounds",
+        type=int,
+        default=2,
+        help="serve: interleaved rounds per point, each point its median round",
     )
     bench.add_argument(
         "--runtimes",
@@ -121,6 +124,8 @@ def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Nam
             levels = parse_concurrency(args.concurrency)
         except ValueError as error:
             parser.error(str(error))
+        if args.rounds < 1:
+            parser.error(f"--rounds: a positive count, got {args.rounds}")
         if args.placement:
             from hetero.framework.bench.serve_report import run_bench_placement
 
@@ -132,12 +137,10 @@ def _run_bench(out: Console, parser: argparse.ArgumentParser, args: argparse.Nam
                 parser.error(
                     f"--runtimes: one or more of {', '.join(RUNTIMES)}, got {args.runtimes!r}"
                 )
-            if args.rounds < 1:
-                parser.error(f"--rounds: a positive count, got {args.rounds}")
             return run_bench_placement(
                 out, args.json, args.seconds, levels, runtimes, args.load, args.rounds
             )
-        return run_bench_serve(out, args.json, args.seconds, levels)
+        return run_bench_serve(out, args.json, args.seconds, levels, args.rounds)
     from hetero.framework.bench.report import run_bench_cache, run_bench_scheduler
 
     if args.target == "cache":

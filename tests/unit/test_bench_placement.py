@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hetero.framework.bench.serve_load import median_point
 from hetero.framework.bench.serve_placement import (
     _fastest_alone,
-    _median_point,
     assignment_policy,
     load_named,
     placement_ratios,
@@ -82,7 +82,7 @@ def test_free_is_read_against_the_best_pinning_at_each_concurrency() -> None:
 
 
 def test_a_stacks_figure_is_its_median_round() -> None:
-    point = _median_point(
+    point = median_point(
         [{"req_s": 30.0, "p99_ms": 9}, {"req_s": 10.0, "p99_ms": 1}, {"req_s": 20.0, "p99_ms": 5}]
     )
     assert point["req_s"] == 20.0 and point["p99_ms"] == 5
