@@ -36,6 +36,7 @@ from hetero.framework.bench.serve_load import (
     median_point,
 )
 from hetero.framework.bench.serve_mix import RequestMix, new_nonce
+from hetero.framework.bench.serve_procs import environment
 
 __all__ = ["DEFAULT_CONCURRENCY", "POLICY", "REPEAT_SHARE", "ratios", "run_serve_bench"]
 
@@ -226,7 +227,9 @@ def run_serve_bench(
             ):
                 report(f"{label}: starting")
                 args = [bench_procs.CLI_MODULE, "serve", "--policy", variant, "--port", "{port}"]
-                running.append(_launch(args, "/ready", logs, label))
+                # warm-up timings of this run's own (a user's kept figures neither help nor hurt)
+                with environment("HETERO_CALIBRATION_FILE", str(logs / "calibration.json")):
+                    running.append(_launch(args, "/ready", logs, label))
             fastapi, hetero, cached, free = running
             plan = [
                 (fastapi, "points"),

@@ -25,8 +25,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from hetero.framework.bench import serve_procs as bench_procs
 from hetero.framework.bench.serve import POLICY, _warm, _warmup_s
 from hetero.framework.bench.serve_load import closed_loop, median_point
 from hetero.framework.bench.serve_mix import RequestMix, new_nonce
+from hetero.framework.bench.serve_procs import environment
 from hetero.framework.bench.serve_stages import SIX_STAGE_POLICY, StageMix
 
 __all__ = [
@@ -81,20 +81,6 @@ def _stages(policy: str) -> list[str]:
     name = policy.removeprefix("builtin:")
     text = builtin_policy_text(name) if policy.startswith("builtin:") else Path(policy).read_text()
     return list(yaml.safe_load(text)["stages"])
-
-
-@contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` for the block (the child processes inherit it)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 def _timed_runtimes(stages: list[dict[str, Any]]) -> dict[str, set[str]]:
@@ -232,7 +218,7 @@ def run_placement_bench(
             return assignment_policy(policy, folder, label, assignment)
 
         try:
-            with _environment("HETERO_CALIBRATION_FILE", str(folder / "calibration.json")):
+            with environment("HETERO_CALIBRATION_FILE", str(folder / "calibration.json")):
                 calibrating = _start(
                     "free (first start)", path("free-first", None), folder, report, chosen.warm
                 )

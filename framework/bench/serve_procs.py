@@ -23,7 +23,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "CLI_MODULE",
     "MODULE",
     "build_baseline_app",
+    "environment",
     "free_port",
     "launch",
     "start",
@@ -193,3 +195,17 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block (the child processes inherit it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
