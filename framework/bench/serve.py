@@ -15,6 +15,7 @@ report gives figures, ratios and the goals they are read against.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -207,6 +208,8 @@ def run_serve_bench(
 
     The stacks start one at a time and then all stay up while the points are measured
     interleaved over ``rounds`` (:func:`_interleaved`); the isolation scenario follows."""
+    if rounds < 1:
+        raise ValueError(f"rounds: a positive count, got {rounds}")
     report = progress or (lambda message: None)
     threads = baseline_threads or os.cpu_count() or 1
     stacks: dict[str, Any] = {}
@@ -246,8 +249,9 @@ def run_serve_bench(
                 _finish(stack)
                 stacks[stack.label] = stack.out
         finally:
-            for stack in running:
-                bench_procs.stop(stack.process)
+            with contextlib.ExitStack() as stopping:  # each is stopped even if one stop fails
+                for stack in running:
+                    stopping.callback(bench_procs.stop, stack.process)
     report("engine: per-request overhead, no model")
     overhead = engine_overhead()
     result: dict[str, Any] = {

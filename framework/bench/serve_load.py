@@ -159,8 +159,8 @@ def inprocess_loop(
 
 
 def median_point(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median throughput (its latencies and routes as measured), with
-    every round's req/s beside it."""
+    """The round with the median throughput (its latencies and routes as measured; of an even
+    count, the lower of the middle two), with every round's req/s beside it."""
     ordered = sorted(rounds, key=lambda point: point["req_s"])
     point = dict(ordered[(len(ordered) - 1) // 2])
     point["rounds_req_s"] = [r["req_s"] for r in rounds]

@@ -183,20 +183,6 @@ def _serve_baseline(port: int, threads: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the baseline's child process."""
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
-    parser.add_argument("stack", choices=["fastapi"])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    args = parser.parse_args(argv)
-    _serve_baseline(args.port, args.threads)
-
-
-if __name__ == "__main__":
-    main()
-
-
 @contextmanager
 def environment(name: str, value: str) -> Iterator[None]:
     """``os.environ[name] = value`` for the block (the child processes inherit it)."""
@@ -209,3 +195,17 @@ def environment(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the baseline's child process."""
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
+    parser.add_argument("stack", choices=["fastapi"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    _serve_baseline(args.port, args.threads)
+
+
+if __name__ == "__main__":
+    main()

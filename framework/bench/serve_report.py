@@ -58,7 +58,8 @@ def print_report(console: Console, result: dict[str, Any]) -> None:
     table = Table(
         title=(
             f"Serving, 70 % /embed + 30 % /vision, closed loop, {result['seconds']:g} s per point"
-            f", median of {result.get('rounds', 1)} interleaved rounds"
+            f", median of {result.get('rounds', 1)} interleaved rounds (the in-process loop:"
+            f" one run, alone)"
             f" (ORT spin-waiting off, {result['cpus']} CPUs)"
         ),
         title_justify="left",

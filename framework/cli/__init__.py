@@ -106,7 +106,7 @@ def _add_bench(commands: Any) -> None:
     bench.add_argument(
         "--rounds",
         type=int,
-        default=2,
+        default=3,
         help="serve: interleaved rounds per point, each point its median round",
     )
     bench.add_argument(

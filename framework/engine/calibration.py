@@ -1,7 +1,7 @@
 """Warm-up timings kept between starts, so a start that already knows how fast each runtime
 runs a model loads only the one placement will use.
 
-Warm-up times a stage on every device that can run it (a probe, best of two runs) and places
+Warm-up times a stage on every device that can run it (a probe, best of three timed runs) and places
 it where it is fastest. On a CPU host that means loading the model into every runtime
 (OpenVINO, ONNX Runtime, torch), which costs seconds and leaves the slower runtimes' memory
 behind. The figure depends only on what ran and where, so it is kept, keyed by exactly that:
@@ -66,7 +66,8 @@ def plugin_identity(plugin: object) -> str:
 @dataclass(frozen=True, slots=True)
 class CalibrationKey:
     """What a warm-up timing depends on. ``items``: the probe's size; 0 for the model's
-    load time on the device (timed when warm-up loaded it)."""
+    load time on the device (timed when warm-up loaded it); -1 for the spread of the probe's
+    timed runs (slowest over fastest)."""
 
     model_version: str
     graph_format: str
@@ -129,7 +130,8 @@ class CalibrationKey:
 
 
 class CalibrationStore:
-    """Seconds per probe by :class:`CalibrationKey`, kept in ``path`` (default:
+    """Seconds per probe (and per load; and a probe's spread, a ratio) by
+    :class:`CalibrationKey`, kept in ``path`` (default:
     ``$HETERO_CALIBRATION_FILE``, else the model cache's ``calibration.json``)."""
 
     def __init__(self, path: Path | None = None) -> None:

@@ -248,8 +248,8 @@ class WarmUp:
                 self._spreads.get((stage, best), 1.0), self._spreads.get((stage, device_id), 1.0)
             )
             untold = (
-                f"; within the probes' own spread ({spread:.2f}x), so it is tried against "
-                f"{best} in service, under load"
+                f"; within the probes' own spread ({spread:.2f}x), so service may try it "
+                f"against {best}, under load"
                 if estimate_s < spread * chosen_s
                 else ""
             )

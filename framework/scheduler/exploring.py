@@ -225,8 +225,8 @@ class ExploringMixin(SchedulerState):
         self, tables: StageTables, index: int, members: np.ndarray, batch_size: int
     ) -> int | None:
         """The group's other runtime to measure, or None: the best estimate among those that
-        may be faster than ``index`` by what the cost model's drift there allows, or warm-up's
-        fastest while ``index`` is not it."""
+        may be faster than ``index`` by what the cost model's drift there allows or the probes'
+        spread on either of the two, or warm-up's fastest while ``index`` is not it."""
         key = tables.costs.key
         costs = tables.costs
         others = [

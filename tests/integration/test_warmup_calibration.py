@@ -149,6 +149,9 @@ def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_pa
         assert len(spreads) == 2 and all(spread >= 1.0 for spread in spreads)
         first_spreads = dict(first.scheduler._probe_spread)
         assert sorted(first_spreads.values()) == sorted(spreads)
+        # why the other runtime is idle names the spread exactly when it is within it
+        untold = timings[idle] < max(spreads) * timings[chosen]
+        assert ("within the probes' own spread" in first.status["encode"].idle[idle]) == untold
     finally:
         first.close()
     second, loads, runs = _start(store)
