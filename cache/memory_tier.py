@@ -45,9 +45,7 @@ from typing import Any, Final
 
 from rbloom import Bloom
 
-from hetero.cache.window_steering import MIN_PERIOD as STEERING_PERIOD_MIN
-from hetero.cache.window_steering import PERIOD as STEERING_PERIOD
-from hetero.cache.window_steering import WindowSteering
+from hetero.cache.window_steering import FixedReference, WindowSteering
 
 __all__ = ["FrequencySketch", "MemoryTier"]
 
@@ -189,6 +187,7 @@ class MemoryTier:
         self._bytes = [0, 0, 0]  # per queue
         self._held = 0  # their sum, kept by every write and removal (one read per write)
         self.window_max = max(1, int(max_bytes * WINDOW_START))
+        self._start = self.window_max  # the window's first share, in bytes
         self._sketch = FrequencySketch(64)
         self._grow_at = self._sketch.width // SKETCH_PER_ENTRY  # entries that want a wider one
         self._reads: list[list[Any]] = []
@@ -302,23 +301,36 @@ class MemoryTier:
             if digest in data:
                 self._remove(digest)
             elif steering is not None and not digest[8] & steering.mask:
-                # steering.request(digest, size, False), inlined: every sampled miss's path
-                shadow = steering.shadow
-                if digest in shadow:
-                    shadow.move_to_end(digest)
-                    steering.lru_hits += 1
-                else:
-                    shadow[digest] = size
-                    held_bytes, budget = steering.held + size, steering.budget
-                    while held_bytes > budget and shadow:
-                        held_bytes -= shadow.popitem(False)[1]
-                    steering.held = held_bytes
-                requests = steering.requests + 1
-                steering.requests = requests
-                if requests >= STEERING_PERIOD_MIN and requests >= STEERING_PERIOD * len(shadow):
-                    change = steering.verdict()
-                    if change:
-                        self._resize_window(self.window_max + change)
+                if steering.reference is not None:  # the window is above its start
+                    change = steering.request(digest, size, False)
+                else:  # steering.request(digest, size, False), inlined: most sampled misses
+                    shadow = steering.shadow
+                    requests = steering.requests + 1
+                    steering.requests = requests
+                    if digest in shadow:  # only LRU hit: the run goes on or a new one starts
+                        shadow.move_to_end(digest)
+                        steering.lru_hits += 1
+                        steering.last = requests
+                        run = steering.run
+                        if run > 0 and digest != steering.run_first:
+                            run += 1
+                            steering.units += 2 * run - 1
+                        else:
+                            run = 1
+                            steering.run_first = digest
+                            steering.units += 1
+                            steering.runs += 1
+                        steering.run = run
+                    else:  # both missed: the run ends
+                        shadow[digest] = size
+                        held_bytes, budget = steering.held + size, steering.budget
+                        while held_bytes > budget and shadow:
+                            held_bytes -= shadow.popitem(False)[1]
+                        steering.held = held_bytes
+                        steering.run = 0
+                    change = steering.period_over(requests, len(shadow))
+                if change:
+                    self._resize_window(self.window_max + change)
             # The digest's own bits (not hash(), which differs between processes): the same
             # stream gives the same decisions everywhere. The sketch's slots and the
             # doorkeeper use bytes 0-7, the steering's sample byte 8.
@@ -610,7 +622,14 @@ class MemoryTier:
     def _resize_window(self, wanted: float) -> None:
         """A smaller window hands its oldest entries to probation; a larger one takes
         probation's oldest (then protected's) so the main space fits its new share."""
-        self.window_max = int(min(max(wanted, 1), self.max_bytes))
+        window_max = int(min(max(wanted, 1), self.max_bytes))
+        steering = self._steering
+        if steering is not None and steering.adapts:
+            if window_max <= self._start:  # at (or below) its start: its own reference
+                steering.reference = None
+            elif steering.reference is None:  # it leaves its start: the fixed-start reference
+                steering.start_reference(self._fixed_reference(steering))
+        self.window_max = window_max
         window, probation, protected = self._window, self._probation, self._protected
         sizes = self._bytes
         self._window_to_probation()
@@ -624,6 +643,27 @@ class MemoryTier:
             sizes[entry[QUEUE]] -= entry[SIZE]
             entry[QUEUE] = WINDOW
             sizes[WINDOW] += entry[SIZE]
+
+    def _fixed_reference(self, steering: WindowSteering) -> FixedReference:
+        """The steering's miniature of this tier with its window at the start, loaded with the
+        tier's sampled entries in their queues, oldest first."""
+        budget = steering.budget
+        window_max = max(1, int(budget * WINDOW_START))
+        reference = FixedReference(
+            budget, window_max, int((budget - window_max) * PROTECTED_SHARE), self._frequency
+        )
+        mask = steering.mask
+        for queue in self._queues:
+            for digest, entry in queue.items():
+                if not digest[8] & mask:
+                    reference.load(entry[QUEUE], digest, entry[SIZE])
+        return reference
+
+    def _frequency(self, digest: bytes) -> int:
+        """The sketch's estimate for a digest (held or not), as a duel reads it."""
+        sketch = self._sketch
+        (key_hash,) = _HASH64(digest)
+        return sketch.frequency(key_hash, sketch.slots(key_hash))
 
     def _window_to_probation(self) -> None:
         """The window's oldest entries move to probation, in order, until it fits its share:

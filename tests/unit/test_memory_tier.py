@@ -139,6 +139,56 @@ def test_the_steering_grows_the_window_when_lru_would_hit_more_and_shrinks_it_ot
     assert all(change <= 0 for change in changes)
 
 
+def test_the_fixed_start_reference_leading_lru_steps_the_window_back() -> None:
+    from hetero.cache.window_steering import FixedReference, WindowSteering
+
+    # A shadow of 20 entries; 5 hot keys each asked once a round, then 20 one-off keys: LRU
+    # loses the hot keys to the one-offs every round, a frequency filter keeps them. The tier
+    # agrees with LRU on every request (its own comparison finds nothing), so only the
+    # reference (the tier as it was at its 1 % start) can say that the start does better.
+    hot = [digest(f"hot-{i}") for i in range(5)]
+    rounds = [[*hot, *(digest(f"once-{r}-{j}") for j in range(20))] for r in range(10)]
+
+    def changes(with_reference: bool) -> tuple[list[int], WindowSteering]:
+        steering = WindowSteering(max_bytes=64 * 20, entries=20)
+        assert steering.mask == 0
+        if with_reference:
+            budget = steering.budget
+            steering.start_reference(
+                FixedReference(budget, 64, int(0.6 * (budget - 64)), lambda d: 10 * (d in hot))
+            )
+        seen = []
+        for keys in rounds:
+            for key in keys:
+                lru_hit = key in steering.shadow
+                seen.append(steering.request(key, 64, tier_hit=lru_hit))
+        return seen, steering
+
+    stepped, steering = changes(with_reference=True)
+    assert -int(0.0625 * 64 * 20) in stepped  # one step back, not a jump
+    assert all(change in (0, -int(0.0625 * 64 * 20)) for change in stepped)
+    assert steering.reference_hits > steering.reference_lru_hits
+    assert not steering.recency
+    control, _ = changes(with_reference=False)  # the control: no reference, no change
+    assert all(change == 0 for change in control)
+
+
+def test_the_reference_runs_only_while_the_window_is_above_its_start() -> None:
+    entries = 1000
+    tier = MemoryTier(64 * entries)
+    start = tier.window_max
+    built = 0
+    keys = _recency_stream(0, 8000, gap=entries // 4) + _frequency_stream(30_000, entries // 2, 2)
+    for key in keys:
+        if tier.get(key, 0.0) is None:
+            tier.put(key, "v", 64, 1e18)
+        steering = tier._steering
+        if steering is not None:
+            assert (steering.reference is None) == (tier.window_max <= start)
+            built += steering.reference is not None
+    assert built  # the recency phase took the window above its start
+
+
 def test_large_tiers_shadow_a_sample_of_the_keys() -> None:
     from hetero.cache.window_steering import TARGET, WindowSteering
 
