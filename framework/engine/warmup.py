@@ -38,7 +38,6 @@ class WarmUp:
     def __init__(self, engine: Engine, calibrations: CalibrationStore | None = None) -> None:
         self.engine = engine
         self.calibrations = calibrations or CalibrationStore()
-        self._spreads: dict[tuple[str, str], float] = {}  # (stage, device): probe's spread
 
     def run(
         self,
@@ -219,7 +218,6 @@ class WarmUp:
     def _spread(self, stage: str, device_id: str, probe: Any, spread: float, *, keep: bool) -> None:
         """Tell the scheduler how far apart the probe's timed runs on ``device_id`` were
         (slowest over fastest), and keep the figure with the timing (``keep``)."""
-        self._spreads[(stage, device_id)] = spread
         with self.engine._lock:
             self.engine.scheduler.probe_spread(stage, device_id, spread)
         key = self._key(stage, device_id, probe, SPREAD_ITEMS) if keep else None
@@ -244,9 +242,7 @@ class WarmUp:
                 continue
             estimate_s = scheduler.estimate_s(stage, "full", device_id)
             source = "kept from an earlier start" if device_id in kept else "timed at warm-up"
-            spread = max(
-                self._spreads.get((stage, best), 1.0), self._spreads.get((stage, device_id), 1.0)
-            )
+            spread = max(scheduler.spread_of(stage, best), scheduler.spread_of(stage, device_id))
             untold = (
                 f"; within the probes' own spread ({spread:.2f}x), so service may try it "
                 f"against {best}, under load"

@@ -39,6 +39,10 @@ class EstimatesMixin(SchedulerState):
         if spread >= 1.0:
             self._probe_spread[(stage, self.fleet.index[device_id])] = spread
 
+    def spread_of(self, stage: str, device_id: str) -> float:
+        """The spread :meth:`probe_spread` was given for ``stage`` on ``device_id`` (1.0: none)."""
+        return self._probe_spread.get((stage, self.fleet.index[device_id]), 1.0)
+
     def load_measured(self, model_key: str, device_id: str, seconds: float) -> None:
         """A load of ``model_key`` on ``device_id`` took ``seconds``, timed where it ran (a
         warm-up's, a lane's): the model's load estimate there from now on. The cost model's
