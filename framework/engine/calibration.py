@@ -67,7 +67,7 @@ def plugin_identity(plugin: object) -> str:
 class CalibrationKey:
     """What a warm-up timing depends on. ``items``: the probe's size; 0 for the model's
     load time on the device (timed when warm-up loaded it); -1 for the spread of the probe's
-    timed runs (slowest over fastest)."""
+    timed runs (slowest over fastest); -2 for the share of the host's cores the probe kept busy."""
 
     model_version: str
     graph_format: str
@@ -130,7 +130,7 @@ class CalibrationKey:
 
 
 class CalibrationStore:
-    """Seconds per probe (and per load; and a probe's spread, a ratio) by
+    """Seconds per probe (and per load; and a probe's spread and core share, ratios) by
     :class:`CalibrationKey`, kept in ``path`` (default:
     ``$HETERO_CALIBRATION_FILE``, else the model cache's ``calibration.json``)."""
 

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import logging
+import os
+import statistics
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from hetero.framework.devices import DeviceClass
 from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
 from hetero.framework.engine.status import (
     Progress,
@@ -30,6 +33,8 @@ PROBE_RUNS = 3
 LOAD_ITEMS = 0.0
 # The calibration key's size for the spread of a probe's timed runs (slowest over fastest).
 SPREAD_ITEMS = -1.0
+# The calibration key's size for the share of the host's cores a probe kept busy.
+CORE_SHARE_ITEMS = -2.0
 
 
 class WarmUp:
@@ -91,15 +96,18 @@ class WarmUp:
             kept = self._kept(stage, candidates, probe)
             candidates = self._probe(stage, candidates, probe, kept, report)
         best = min(candidates, key=lambda d: self.engine.scheduler.estimate_s(stage, "full", d))
+        busy = self._busy_best(stage, candidates, best)
         for device_id in candidates:  # timed devices give their copy back; the best keeps it
-            if device_id != best:
+            if device_id not in (best, busy):
                 self.engine.models[device_id].evict(key)
         self._preload(stage, best)
+        if busy is not None:
+            self._preload(stage, busy)
         timings = self.engine.status[stage].timings
         if self.engine.probe and best not in timings and self.engine.models[best].resident(key):
             self._seed_pace(stage, best)
             self._relevel(stage, best, kept, probe)
-        self._say_idle(stage, best, kept)
+        self._say_idle(stage, best, kept, busy)
         return best
 
     def _relevel(self, stage: str, best: str, kept: dict[str, float], probe: Any) -> None:
@@ -145,15 +153,19 @@ class WarmUp:
             except Exception as err:
                 self._unavailable(stage, device_id, err, errors)
         samples: dict[str, list[float]] = {}
+        busy: dict[str, list[float]] = {}  # process CPU time over wall time, per run
         for _ in range(PROBE_RUNS):
             for device_id in todo:
                 if device_id in errors:
                     continue
                 report(stage, f"timing on {device_id}")
                 try:
-                    samples.setdefault(device_id, []).append(
-                        self._run_once(stage, device_id, probe)
-                    )
+                    cpu_before = time.process_time()
+                    seconds = self._run_once(stage, device_id, probe)
+                    samples.setdefault(device_id, []).append(seconds)
+                    if seconds > 0:
+                        cores = (time.process_time() - cpu_before) / seconds
+                        busy.setdefault(device_id, []).append(cores)
                 except Exception as err:
                     self._unavailable(stage, device_id, err, errors)
         for device_id, runs in samples.items():
@@ -163,6 +175,9 @@ class WarmUp:
                 self._keep(stage, device_id, probe, seconds)
                 if seconds > 0:  # how far apart its runs were: what a probe cannot tell apart
                     self._spread(stage, device_id, probe, max(runs) / seconds, keep=True)
+                share = self._core_share(device_id, busy.get(device_id, []))
+                if share is not None:
+                    self._share(stage, device_id, probe, share, keep=True)
         if errors:  # placement leaves out the devices that could not run it
             self.set_hints(stage)
         measured = [d for d in candidates if d not in errors]
@@ -208,6 +223,10 @@ class WarmUp:
             kept_spread = self.calibrations.get(spread) if spread is not None else None
             if kept_spread is not None:
                 self._spread(stage, device_id, probe, kept_spread, keep=False)
+            share = self._key(stage, device_id, probe, CORE_SHARE_ITEMS)
+            kept_share = self.calibrations.get(share) if share is not None else None
+            if kept_share is not None:
+                self._share(stage, device_id, probe, kept_share, keep=False)
             load = self._key(stage, device_id, probe, LOAD_ITEMS)
             load_s = self.calibrations.get(load) if load is not None else None
             if load_s is not None:  # what loading it there took, when it was last loaded
@@ -224,12 +243,61 @@ class WarmUp:
         if key is not None:
             self.calibrations.put(key, spread)
 
+    def _core_share(self, device_id: str, cores_busy: list[float]) -> float | None:
+        """The share of the host's cores a probe on ``device_id`` kept busy (the median of
+        its runs' process CPU time over wall time, over the cores this process may use);
+        None for a device that does not compute on the host's cores. Warm-up runs one probe
+        at a time, so the process's CPU time is the probe's own."""
+        device = self.engine._device_by_id[device_id]
+        on_cores = device.device_class is DeviceClass.CPU and device.compute_id.endswith("/cpu")
+        if not on_cores or not cores_busy:
+            return None
+        cores = len(os.sched_getaffinity(0)) or 1
+        return min(1.0, statistics.median(cores_busy) / cores)
+
+    def _share(self, stage: str, device_id: str, probe: Any, share: float, *, keep: bool) -> None:
+        """Tell the scheduler the share of the host's cores the probe on ``device_id`` kept
+        busy, and keep the figure with the timing (``keep``)."""
+        with self.engine._lock:
+            self.engine.scheduler.probe_core_share(stage, device_id, share)
+        key = self._key(stage, device_id, probe, CORE_SHARE_ITEMS) if keep else None
+        if key is not None:
+            self.calibrations.put(key, share)
+
+    def _busy_best(self, stage: str, candidates: list[str], best: str) -> str | None:
+        """The runtime of ``best``'s cores that placement prefers while other work runs on
+        them (:mod:`~hetero.framework.scheduler.core_shares`), when it is not ``best``: it is
+        loaded beside it. None when ``best`` is also the leanest."""
+        scheduler = self.engine.scheduler
+        mates = [d for d in candidates if scheduler.shares_compute(d, best)]
+        if len(mates) < 2:
+            return None
+        with self.engine._lock:
+            leanest = min(mates, key=lambda d: scheduler.busy_estimate_s(stage, "full", d))
+        if leanest == best:
+            return None
+        logger.info(
+            "stage %s: %s also loaded, for while other work runs on its cores: %.1f ms an "
+            "item alone against %.1f ms on %s, but it keeps %.0f %% of the cores busy "
+            "against %.0f %%",
+            stage,
+            leanest,
+            scheduler.estimate_s(stage, "full", leanest) * 1e3,
+            scheduler.estimate_s(stage, "full", best) * 1e3,
+            best,
+            100 * (scheduler.core_share_of(stage, leanest) or 1.0),
+            100 * (scheduler.core_share_of(stage, best) or 1.0),
+        )
+        return leanest
+
     def _keep(self, stage: str, device_id: str, probe: Any, seconds: float) -> None:
         key = self._key(stage, device_id, probe)
         if key is not None:
             self.calibrations.put(key, seconds)
 
-    def _say_idle(self, stage: str, best: str, kept: dict[str, float]) -> None:
+    def _say_idle(
+        self, stage: str, best: str, kept: dict[str, float], busy: str | None = None
+    ) -> None:
         """Log and record (``status.idle``) why each other device that can run ``stage``
         was left without it: what placement estimates there against ``best``, or why it
         could not run it."""
@@ -238,7 +306,7 @@ class WarmUp:
         scheduler = self.engine.scheduler
         chosen_s = scheduler.estimate_s(stage, "full", best)
         for device_id in scheduler.runnable_devices(stage):
-            if device_id == best:
+            if device_id in (best, busy):  # busy: it runs the stage while the cores are busy
                 continue
             estimate_s = scheduler.estimate_s(stage, "full", device_id)
             source = "kept from an earlier start" if device_id in kept else "timed at warm-up"

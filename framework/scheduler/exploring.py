@@ -19,6 +19,9 @@ So the runner-up is measured in service, a batch at a time:
   preferred runtime is not the one warm-up found fastest: service evidence overrode warm-up's,
   and it goes on being checked (the load that made it may have passed). Otherwise nothing is
   explored: a cost model that holds, between runtimes the probes told apart, costs nothing.
+  Where warm-up measured the runtimes' core shares, a trial starts only while the cores run
+  nothing else (:mod:`~hetero.framework.scheduler.core_shares`): a trial's wall time is
+  the probe's measure, and beside other work it rewards the runtime that takes more cores.
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
   batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
   or fits in free memory: a trial never evicts), of the size the preferred one last ran. At
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.framework.scheduler.state import SchedulerState
+from hetero.framework.scheduler.core_shares import CoreSharesMixin
 from hetero.framework.scheduler.tables import StageTables
 
 __all__ = ["EXPLORE_EVERY", "ExploringMixin"]
@@ -85,7 +88,7 @@ class _GroupRecord:
     period: float = EXPLORE_EVERY
 
 
-class ExploringMixin(SchedulerState):
+class ExploringMixin(CoreSharesMixin):
     """Trials of the runner-up runtime of a compute resource (module docstring)."""
 
     _explore: dict[tuple[str, int], _GroupRecord]  # per (model key, compute group)
@@ -94,6 +97,8 @@ class ExploringMixin(SchedulerState):
     def _init_exploring(self) -> None:
         self._calibrated = {}
         self._probe_spread = {}
+        self._core_share = {}  # what warm-up measured beside the timings (core_shares.py)
+        self._core_weights = {}
         self._explore = {}
         self._trials = {}
 
@@ -197,6 +202,12 @@ class ExploringMixin(SchedulerState):
         batch_size = max(1, batch_size)
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
         if record.batches < record.period:
+            return
+        stage = tables.costs.key.split("/", 1)[0]
+        if stage in self._core_weights and self._busy_weight(stage) is not None:
+            # a trial times a runtime as warm-up's probe did, alone: while the cores run other
+            # work too, a batch's wall time rewards the runtime that takes more of them, and
+            # the core shares rank the runtimes there (core_shares.py); tried when idle
             return
         trials = self._trials.setdefault(tables.costs.key, {})
         members = np.flatnonzero(self._compute_group == group)

@@ -11,6 +11,7 @@ import numpy as np
 
 from hetero.framework.scheduler.breakers import BreakerState
 from hetero.framework.scheduler.completion import CompletionMixin
+from hetero.framework.scheduler.core_shares import CoreSharesMixin
 from hetero.framework.scheduler.costs import StageCosts
 from hetero.framework.scheduler.tables import StageTables
 from hetero.framework.scheduler.tasks import StageTask
@@ -34,7 +35,7 @@ class _Baselines:
     pinned: dict[str, tuple[StageCosts, np.ndarray]] = field(default_factory=dict)
 
 
-class PlacementMixin(CompletionMixin):
+class PlacementMixin(CompletionMixin, CoreSharesMixin):
     """Eligibility masks and the choice of a device among them."""
 
     @functools.cached_property
@@ -108,11 +109,18 @@ class PlacementMixin(CompletionMixin):
         if not np.count_nonzero(mask):  # faster than ndarray.any() on small arrays
             return None
         backlog = self._group_backlog() if self._grouped else self.backlog
-        if self.placement == "cost_model" and self._bounded_search and task.items >= 1:
+        # core shares (measured on a real host's runtimes) weigh the full scan only
+        weighted = bool(self._core_weights) and task.stage in self._core_weights
+        bounded = self._bounded_search and task.items >= 1 and not weighted
+        if self.placement == "cost_model" and bounded:
             found = self._choose_bounded(task, tables, mask, backlog)
             if found is not None:
                 return found
         compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
+        if weighted and self.placement == "cost_model":
+            weight = self._busy_weight(task.stage)  # cores busy: the core time taken counts
+            if weight is not None:
+                compute = compute * weight
         transfer = self._transfer(task, tables)
         if self.placement == "round_robin":
             candidates = np.flatnonzero(mask)

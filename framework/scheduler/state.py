@@ -74,6 +74,10 @@ class SchedulerState:
     # how far apart a probe's timed runs were (slowest over fastest), per (stage, device
     # index); absent: 1.0 (not probed, or a simulated fleet)
     _probe_spread: dict[tuple[str, int], float]
+    # the share of its host's cores a probe kept busy, per (stage, device index), and per
+    # stage the weights they give placement while the cores are busy (core_shares.py)
+    _core_share: dict[tuple[str, int], float]
+    _core_weights: dict[str, np.ndarray]
     # a model's load timed where it ran, per (model key, device index): replaces the guess
     _loads: dict[tuple[str, int], float]
 

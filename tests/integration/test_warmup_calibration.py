@@ -18,7 +18,7 @@ from hetero.backends.npu import NpuBackend
 from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
 from hetero.framework.engine.calibration import CalibrationStore
-from hetero.framework.engine.warmup import PROBE_RUNS, SPREAD_ITEMS
+from hetero.framework.engine.warmup import CORE_SHARE_ITEMS, PROBE_RUNS, SPREAD_ITEMS, WarmUp
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry
@@ -123,7 +123,12 @@ def _start(
     return engine, dict(CountingBackend.loads), dict(CountingBackend.runs)
 
 
-def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(tmp_path: Path) -> None:
+def test_a_start_with_kept_timings_loads_the_stage_only_where_it_will_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no core shares: which runtime is leaner is measured too, and may load both (the test
+    # after this one)
+    monkeypatch.setattr(WarmUp, "_core_share", lambda self, device_id, cores_busy: None)
     store = CalibrationStore(tmp_path / "calibration.json")
     first, loads, runs = _start(store)
     try:
@@ -194,3 +199,51 @@ def test_kept_timings_belong_to_the_plugin_that_built_the_graph(tmp_path: Path) 
     rebuilt, loads, _ = _start(store, RebuiltStage())
     rebuilt.close()
     assert loads.keys() == {ORT, OPENVINO}  # another plugin's graph is timed afresh
+
+
+def _doctor(path: Path, seconds: dict[str, float], shares: dict[str, float]) -> None:
+    """Set the kept probe timings and core shares of each runtime in the file at ``path``."""
+    kept = json.loads(path.read_text())
+    for key in list(kept):
+        fields = key.split("|")
+        device, items = fields[3], float(fields[6])
+        if items == CORE_SHARE_ITEMS:
+            kept[key] = shares[device]
+        elif items > 0:
+            kept[key] = seconds[device]
+    path.write_text(json.dumps(kept))
+
+
+@pytest.mark.parametrize("ort_share", [0.5, 1.0])
+def test_the_runtime_leaner_on_busy_cores_is_loaded_beside_the_fastest(
+    tmp_path: Path, ort_share: float
+) -> None:
+    path = tmp_path / "calibration.json"
+    store = CalibrationStore(path)
+    first, _, _ = _start(store)
+    try:
+        # each runtime's share of the cores its probe kept busy is kept beside its timing,
+        # and is what the scheduler holds
+        kept = json.loads(path.read_text())
+        shares = {
+            k.split("|")[3]: v for k, v in kept.items() if k.split("|")[6] == repr(CORE_SHARE_ITEMS)
+        }
+        assert shares.keys() == {ORT, OPENVINO}
+        assert all(0.0 < share <= 1.0 for share in shares.values())
+        assert {d: first.scheduler.core_share_of("encode", d) for d in shares} == shares
+    finally:
+        first.close()
+    # OpenVINO 10 % faster alone; ONNX Runtime keeping half the cores busy that it does (or,
+    # the control, as many: then it is not leaner and stays unloaded)
+    _doctor(path, {OPENVINO: 0.010, ORT: 0.011}, {OPENVINO: 1.0, ORT: ort_share})
+    second, loads, _ = _start(CalibrationStore(path))
+    try:
+        status = second.status["encode"]
+        assert second.models[OPENVINO].resident("encode/full")
+        leaner = ort_share < 1.0
+        assert second.models[ORT].resident("encode/full") == leaner
+        assert (ORT in loads) == leaner
+        assert (ORT in status.idle) == (not leaner)
+        assert second.scheduler.core_share_of("encode", ORT) == ort_share
+    finally:
+        second.close()

@@ -1,0 +1,82 @@
+"""Runtimes of one host's cores weighed by the cores they take, while other work runs there.
+
+Warm-up times each runtime of a host CPU (OpenVINO, ONNX Runtime, torch) alone, in wall time:
+that is what a task waits when nothing else runs on the cores. But runtimes differ in how many
+of the cores a run keeps busy (its process CPU time over its wall time, over the cores): on
+the two-core bench machine OpenVINO's embedder finishes a probe 3 % sooner than ONNX Runtime's
+and keeps 0.99 of the cores busy against 0.81. Alone the faster one is right; while another
+model runs on the same cores, the cores are the bottleneck, and a run's cost is the core time
+it takes from the work beside it: there the 3 % faster runtime costs 18 % more.
+
+So a runtime's **core share** (measured at warm-up, kept with its timing) weighs its compute
+estimate while the compute resource is busy (a task of any stage in flight on one of its
+devices): by its share over the least share of the resource's runtimes that run the stage
+(1 for the leanest, more for the others). While the cores are idle the estimate is the wall
+time alone, as before. A simulated fleet, or a device that is not a host CPU, has no share:
+its estimates never change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.framework.scheduler.state import SchedulerState
+
+__all__ = ["CoreSharesMixin"]
+
+
+class CoreSharesMixin(SchedulerState):
+    """Core shares per (stage, device) and the weights they give placement."""
+
+    def probe_core_share(self, stage: str, device_id: str, share: float) -> None:
+        """Warm-up's probe of ``stage`` on ``device_id`` kept ``share`` of the host's cores
+        busy (its process CPU time over its wall time, over the cores; at most 1). While other
+        work runs on those cores, placement weighs the device's estimate by its share over
+        the least share among the runtimes of the same cores (module docstring)."""
+        if not 0.0 < share <= 1.0:
+            return
+        self._core_share[(stage, self.fleet.index[device_id])] = share
+        self._core_weights[stage] = self._weights_of(stage)
+
+    def core_share_of(self, stage: str, device_id: str) -> float | None:
+        """The share :meth:`probe_core_share` was given (None: none was measured)."""
+        return self._core_share.get((stage, self.fleet.index[device_id]))
+
+    def busy_estimate_s(self, stage: str, variant: str, device_id: str) -> float:
+        """One item's estimate on ``device_id`` while its cores run other work as well: the
+        idle estimate times the device's weight (:meth:`probe_core_share`)."""
+        weights = self._core_weights.get(stage)
+        index = self.fleet.index[device_id]
+        weight = float(weights[index]) if weights is not None and index < len(weights) else 1.0
+        tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
+        return float(tables.unit_s[index]) * weight
+
+    def _weights_of(self, stage: str) -> np.ndarray:
+        """Each device's share over the least share among the devices of its compute
+        resource that have one for ``stage`` (1 where none was measured)."""
+        groups = self._compute_group
+        least: dict[int, float] = {}
+        for (name, index), share in self._core_share.items():
+            if name == stage and index < len(groups):
+                group = int(groups[index])
+                least[group] = min(least.get(group, share), share)
+        weights = np.ones(len(self.devices))
+        for (name, index), share in self._core_share.items():
+            if name == stage and index < len(groups):
+                weights[index] = share / least[int(groups[index])]
+        return weights
+
+    def _busy_weight(self, stage: str) -> np.ndarray | None:
+        """The weights of ``stage`` where a device's compute resource has a task in flight
+        (1 elsewhere); None when no weight applies now."""
+        weights = self._core_weights.get(stage)
+        if weights is None:
+            return None
+        if len(weights) != len(self.devices):  # the fleet grew: groups were renumbered
+            weights = self._core_weights[stage] = self._weights_of(stage)
+        groups = self._compute_group
+        busy = np.bincount(groups, weights=self.in_flight, minlength=self._groups)[groups] > 0
+        if not busy.any():
+            return None
+        weighted: np.ndarray = np.where(busy, weights, 1.0)
+        return weighted
