@@ -246,14 +246,18 @@ class WarmUp:
     def _core_share(self, device_id: str, cores_busy: list[float]) -> float | None:
         """The share of the host's cores a probe on ``device_id`` kept busy (the median of
         its runs' process CPU time over wall time, over the cores this process may use);
-        None for a device that does not compute on the host's cores. Warm-up runs one probe
+        None for a device that does not compute on the host's cores, or whose runs kept less
+        than half a core of this process busy: its work ran in another process (a worker, a
+        remote node), where this process's CPU time does not see it. Warm-up runs one probe
         at a time, so the process's CPU time is the probe's own."""
         device = self.engine._device_by_id[device_id]
         on_cores = device.device_class is DeviceClass.CPU and device.compute_id.endswith("/cpu")
         if not on_cores or not cores_busy:
             return None
-        cores = len(os.sched_getaffinity(0)) or 1
-        return min(1.0, statistics.median(cores_busy) / cores)
+        busy = statistics.median(cores_busy)
+        if busy < 0.5:
+            return None
+        return min(1.0, busy / (len(os.sched_getaffinity(0)) or 1))
 
     def _share(self, stage: str, device_id: str, probe: Any, share: float, *, keep: bool) -> None:
         """Tell the scheduler the share of the host's cores the probe on ``device_id`` kept
