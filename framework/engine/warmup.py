@@ -98,11 +98,9 @@ class WarmUp:
         best = min(candidates, key=lambda d: self.engine.scheduler.estimate_s(stage, "full", d))
         busy = self._busy_best(stage, candidates, best)
         for device_id in candidates:  # timed devices give their copy back; the best keeps it
-            if device_id not in (best, busy):
+            if device_id != best:
                 self.engine.models[device_id].evict(key)
         self._preload(stage, best)
-        if busy is not None:
-            self._preload(stage, busy)
         timings = self.engine.status[stage].timings
         if self.engine.probe and best not in timings and self.engine.models[best].resident(key):
             self._seed_pace(stage, best)
@@ -270,8 +268,9 @@ class WarmUp:
 
     def _busy_best(self, stage: str, candidates: list[str], best: str) -> str | None:
         """The runtime of ``best``'s cores that placement prefers while other work runs on
-        them (:mod:`~hetero.framework.scheduler.core_shares`), when it is not ``best``: it is
-        loaded beside it. None when ``best`` is also the leanest."""
+        them (:mod:`~hetero.framework.scheduler.core_shares`), when it is not ``best``: the
+        first task placed while the cores are busy loads it. None when ``best`` is also the
+        leanest."""
         scheduler = self.engine.scheduler
         mates = [d for d in candidates if scheduler.shares_compute(d, best)]
         if len(mates) < 2:
@@ -281,9 +280,9 @@ class WarmUp:
         if leanest == best:
             return None
         logger.info(
-            "stage %s: %s also loaded, for while other work runs on its cores: %.1f ms an "
-            "item alone against %.1f ms on %s, but it keeps %.0f %% of the cores busy "
-            "against %.0f %%",
+            "stage %s: %s takes it while other work runs on its cores (loaded by the first "
+            "such task): %.1f ms an item alone against %.1f ms on %s, but it keeps %.0f %% "
+            "of the cores busy against %.0f %%",
             stage,
             leanest,
             scheduler.estimate_s(stage, "full", leanest) * 1e3,

@@ -12,8 +12,11 @@ So a runtime's **core share** (measured at warm-up, kept with its timing) weighs
 estimate while the compute resource is busy (a task of any stage in flight on one of its
 devices): by its share over the least share of the resource's runtimes that run the stage
 (1 for the leanest, more for the others). While the cores are idle the estimate is the wall
-time alone, as before. A simulated fleet, or a device that is not a host CPU, has no share:
-its estimates never change.
+time alone, as before. Warm-up loads only the runtime fastest alone; the leanest is loaded by
+the first task placed while the cores are busy (its load is not counted against it then,
+when it fits in free memory without evicting anything), so a server that never sees
+concurrent work never holds its copy. A simulated fleet, or a device that is not a host CPU,
+has no share: its estimates never change.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetero.framework.scheduler.state import SchedulerState
+from hetero.framework.scheduler.tables import StageTables
 
 __all__ = ["CoreSharesMixin"]
 
@@ -51,6 +55,24 @@ class CoreSharesMixin(SchedulerState):
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
         return float(tables.unit_s[index]) * weight
 
+    def _busy_load(self, stage: str, tables: StageTables, weight: np.ndarray) -> np.ndarray:
+        """The load term while the cores are busy: none for the leanest runtime of a busy
+        resource (weight 1 with a share measured) where it is not loaded and fits in free
+        memory without evicting anything (module docstring)."""
+        busy = self._busy_groups()
+        waived = [
+            int(index)
+            for index in np.flatnonzero(busy & (weight == 1.0))
+            if (stage, int(index)) in self._core_share
+            and not tables.resident[index]
+            and self.memory[int(index)].free >= int(tables.resident_bytes[index])
+        ]
+        if not waived:
+            return tables.load_now
+        load: np.ndarray = tables.load_now.copy()
+        load[waived] = 0.0
+        return load
+
     def _weights_of(self, stage: str) -> np.ndarray:
         """Each device's share over the least share among the devices of its compute
         resource that have one for ``stage`` (1 where none was measured)."""
@@ -74,9 +96,16 @@ class CoreSharesMixin(SchedulerState):
             return None
         if len(weights) != len(self.devices):  # the fleet grew: groups were renumbered
             weights = self._core_weights[stage] = self._weights_of(stage)
-        groups = self._compute_group
-        busy = np.bincount(groups, weights=self.in_flight, minlength=self._groups)[groups] > 0
+        busy = self._busy_groups()
         if not busy.any():
             return None
         weighted: np.ndarray = np.where(busy, weights, 1.0)
         return weighted
+
+    def _busy_groups(self) -> np.ndarray:
+        """Per device: whether a task of any stage is in flight on its compute resource."""
+        groups = self._compute_group
+        busy: np.ndarray = (
+            np.bincount(groups, weights=self.in_flight, minlength=self._groups)[groups] > 0
+        )
+        return busy

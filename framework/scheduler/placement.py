@@ -117,10 +117,12 @@ class PlacementMixin(CompletionMixin, CoreSharesMixin):
             if found is not None:
                 return found
         compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
+        load = tables.load_now
         if weighted and self.placement == "cost_model":
             weight = self._busy_weight(task.stage)  # cores busy: the core time taken counts
             if weight is not None:
                 compute = compute * weight
+                load = self._busy_load(task.stage, tables, weight)
         transfer = self._transfer(task, tables)
         if self.placement == "round_robin":
             candidates = np.flatnonzero(mask)
@@ -139,13 +141,11 @@ class PlacementMixin(CompletionMixin, CoreSharesMixin):
                     return None  # the pinned devices are full: wait for them, as a pin does
             index = int(np.argmin(np.where(mask, self.in_flight, np.iinfo(np.int64).max)))
         else:
-            total = self._with_transfer(
-                self._before_transfer(backlog, tables.load_now, compute), transfer
-            )
+            total = self._with_transfer(self._before_transfer(backlog, load, compute), transfer)
             index = int(np.where(mask, total, np.inf).argmin())
         terms = {
             "queue": float(backlog[index]),
-            "load": float(tables.load_now[index]),
+            "load": float(load[index]),
             "compute": float(compute[index]),
             "transfer": float(transfer[index]),
         }

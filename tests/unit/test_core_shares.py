@@ -37,27 +37,32 @@ sla_tiers: {t: {deadline_ms: 1000}}
 FAST, LEAN = "npu:fast/CPU", "npu:lean/CPU"
 
 
-def _device(local: str, flops: float, host: str = "box") -> DeviceSpec:
+def _device(local: str, flops: float, host: str = "box", memory: int = 1 << 30) -> DeviceSpec:
     return DeviceSpec(
         id=f"npu:{local}",
         device_class=DeviceClass.CPU,
         vendor_name="host CPU",
         backend="npu",
         host=host,
-        memory_bytes=1 << 30,
+        memory_bytes=memory,
         peak_flops={"fp32": flops},
         memory_bandwidth_bytes_per_s=1e10,
         properties={"shares_host_memory": True},
     )
 
 
-def _scheduler(shares: dict[str, float] | None) -> Scheduler:
-    devices = [_device("fast/CPU", 1.2e11), _device("lean/CPU", 1e11)]
+def _scheduler(
+    shares: dict[str, float] | None,
+    *,
+    preload: tuple[str, ...] = (FAST, LEAN),
+    memory: int = 1 << 30,
+) -> Scheduler:
+    devices = [_device("fast/CPU", 1.2e11, memory=memory), _device("lean/CPU", 1e11, memory=memory)]
     scheduler = Scheduler(
         load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
     )
     for stage in ("embed", "vision"):
-        for device in (FAST, LEAN):  # loaded on both, as warm-up does when they differ
+        for device in preload:
             assert scheduler.preload(device, f"{stage}/full")
         for device, share in (shares or {}).items():
             scheduler.probe_core_share(stage, device, share)
@@ -137,3 +142,18 @@ def test_runner_up_trials_run_only_while_the_cores_run_nothing_else(busy: bool) 
     assert (LEAN in ran) == (not busy)
     if running is not None:
         scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_first_task_while_busy_loads_the_leaner_runtime_if_it_fits(fits: bool) -> None:
+    """Warm-up loads only the runtime fastest alone; the leaner one is loaded by the first task
+    placed while the cores are busy, its load not counted against it, when it fits in free
+    memory without evicting anything (the control: it does not fit, and the task stays)."""
+    # the host memory its runtimes share: room for a third model of 1 MB, or (the control) not
+    memory = (3 << 20) + (1 << 19) if fits else (2 << 20) + (1 << 19)
+    scheduler = _scheduler({FAST: 1.0, LEAN: 0.7}, preload=(FAST,), memory=memory)
+    running = _place(scheduler, "vision")  # the cores are busy
+    placed = _place(scheduler, "embed")
+    assert placed.device_id == (LEAN if fits else FAST)
+    scheduler.completed(placed, ok=True, run_s=0.1, batch_size=1)
+    scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
