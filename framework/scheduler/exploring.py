@@ -24,7 +24,8 @@ So the runner-up is measured in service, a batch at a time:
   the probe's measure, and beside other work it rewards the runtime that takes more cores.
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
   batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
-  or fits in free memory: a trial never evicts), of the size the preferred one last ran. At
+  or fits in free memory: a trial never evicts), of the size the preferred one last ran and at
+  least :data:`TRIAL_TASKS` tasks, judged by the median of their measures. At
   most one batch in ``EXPLORE_EVERY + 1`` runs where the estimate says slower, and each trial
   that leaves the runner-up the slower doubles the period (up to :data:`MAX_BACKOFF` times).
   A runner-up that is not loaded first runs one task unmeasured (loading and lazy
@@ -61,6 +62,10 @@ logger = logging.getLogger(__name__)
 # and less); a runner-up that takes over resets it.
 EXPLORE_EVERY = 32
 MAX_BACKOFF = 32
+# A trial measures at least this many tasks and is judged by their median: one task at
+# concurrency 1 measured 1.34x the other runtime where the probes and 300 requests in process
+# said 1.06-1.09x, and moved the ranking on its own.
+TRIAL_TASKS = 4
 
 
 @dataclass(slots=True)
@@ -163,7 +168,7 @@ class ExploringMixin(CoreSharesMixin):
             assert trials is not None
             del trials[index]
             if trial.ratios:
-                self._judge_trial(tables, trial, float(np.mean(trial.ratios)))
+                self._judge_trial(tables, trial, float(np.median(trial.ratios)))
         return True
 
     def _judge_trial(self, tables: StageTables, trial: _Trial, measured: float) -> None:
@@ -226,7 +231,9 @@ class ExploringMixin(CoreSharesMixin):
                 return
         record.batches = 0
         if runner_up is not None:
-            tasks = max(1, round(batch_size / max(1, items)))  # the batch's tasks, about
+            # the batch's tasks, about, and at least TRIAL_TASKS: one task's time varies by
+            # as much as the probes' spread, so one alone would decide on noise
+            tasks = max(TRIAL_TASKS, round(batch_size / max(1, items)))
             warming = not bool(tables.resident[runner_up])
             trials[runner_up] = _Trial(
                 runner_up, index, tasks, warming, left=1 if warming else tasks

@@ -13,7 +13,7 @@ from collections import deque
 from hetero.framework.devices import DeviceClass, DeviceSpec
 from hetero.framework.policy import load_policy_text
 from hetero.framework.scheduler import Dispatch, Scheduler, StageTask, VirtualClock
-from hetero.framework.scheduler.exploring import EXPLORE_EVERY
+from hetero.framework.scheduler.exploring import EXPLORE_EVERY, TRIAL_TASKS
 from hetero.framework.topology import Topology
 
 POLICY = """\
@@ -269,3 +269,33 @@ def test_a_load_timed_where_it_ran_replaces_the_cost_models_guess() -> None:
     hint = tables.costs.hint  # a new hint rebuilds the tables: the timed load stays
     scheduler.set_hint("embed", "full", hint)
     assert float(scheduler.tables["embed/full"].costs.load_s[first]) == 2.5
+
+
+def test_a_trial_takes_several_tasks_and_one_outlier_does_not_decide_it() -> None:
+    """At concurrency 1 a batch is one task: a trial still measures TRIAL_TASKS of them and is
+    judged by their median. The runner-up is faster (0.6x) but its first measured task ran 10x
+    (a hiccup): with the mean (2.95x) it would stay the runner-up; by the median it takes the
+    model."""
+    scheduler = _scheduler()
+    scheduler.probe_spread("embed", FIRST, 1.3)  # the probes did not tell the two apart
+    ran: list[str] = []
+    measured = 0
+    for _ in range(3 * EXPLORE_EVERY):
+        scheduler.enqueue(StageTask("r", "embed", "embed", "full", "standard", 0.0, 1.0))
+        dispatch = scheduler.dispatch()
+        assert isinstance(dispatch, Dispatch)
+        device = dispatch.device_id
+        factor = 1.0
+        if device == RUNNER_UP:
+            first = RUNNER_UP not in ran  # its load and lazy set-up: the unmeasured task
+            factor = 10.0 if first or measured == 0 else 0.6
+            measured += 0 if first else 1
+            if not first and measured == 1:
+                factor = 10.0  # the hiccup, on its first measured task
+        scheduler.completed(
+            dispatch, ok=True, run_s=factor * _modelled(scheduler, device, 1), batch_size=1
+        )
+        ran.append(device)
+    first_trial = ran[ran.index(RUNNER_UP) :]
+    assert first_trial[: 1 + TRIAL_TASKS] == [RUNNER_UP] * (1 + TRIAL_TASKS)  # warming + 4
+    assert ran[-2:] == [RUNNER_UP] * 2
