@@ -211,26 +211,29 @@ class WarmUp:
         kept: dict[str, float] = {}
         items = self.engine.plugins[stage].items(probe)
         for device_id in candidates:
-            key = self._key(stage, device_id, probe)
-            seconds = self.calibrations.get(key) if key is not None else None
+            seconds = self._kept_figure(stage, device_id, probe)
             if seconds is not None:
                 kept[device_id] = seconds
                 with self.engine._lock:
                     self.engine.scheduler.calibrate(stage, device_id, seconds, items)
-            spread = self._key(stage, device_id, probe, SPREAD_ITEMS)
-            kept_spread = self.calibrations.get(spread) if spread is not None else None
-            if kept_spread is not None:
-                self._spread(stage, device_id, probe, kept_spread, keep=False)
-            share = self._key(stage, device_id, probe, CORE_SHARE_ITEMS)
-            kept_share = self.calibrations.get(share) if share is not None else None
-            if kept_share is not None:
-                self._share(stage, device_id, probe, kept_share, keep=False)
-            load = self._key(stage, device_id, probe, LOAD_ITEMS)
-            load_s = self.calibrations.get(load) if load is not None else None
+            spread = self._kept_figure(stage, device_id, probe, SPREAD_ITEMS)
+            if spread is not None:
+                self._spread(stage, device_id, probe, spread, keep=False)
+            share = self._kept_figure(stage, device_id, probe, CORE_SHARE_ITEMS)
+            if share is not None:
+                self._share(stage, device_id, probe, share, keep=False)
+            load_s = self._kept_figure(stage, device_id, probe, LOAD_ITEMS)
             if load_s is not None:  # what loading it there took, when it was last loaded
                 with self.engine._lock:
                     self.engine.scheduler.load_measured(f"{stage}/full", device_id, load_s)
         return kept
+
+    def _kept_figure(
+        self, stage: str, device_id: str, probe: Any, items: float | None = None
+    ) -> float | None:
+        """An earlier start's figure under :meth:`_key` (None: none kept, or no key)."""
+        key = self._key(stage, device_id, probe, items)
+        return self.calibrations.get(key) if key is not None else None
 
     def _spread(self, stage: str, device_id: str, probe: Any, spread: float, *, keep: bool) -> None:
         """Tell the scheduler how far apart the probe's timed runs on ``device_id`` were

@@ -55,11 +55,13 @@ class CoreSharesMixin(SchedulerState):
         tables = self.tables.get(f"{stage}/{variant}") or self.tables[f"{stage}/full"]
         return float(tables.unit_s[index]) * weight
 
-    def _busy_load(self, stage: str, tables: StageTables, weight: np.ndarray) -> np.ndarray:
-        """The load term while the cores are busy: none for the leanest runtime of a busy
-        resource (weight 1 with a share measured) where it is not loaded and fits in free
-        memory without evicting anything (module docstring)."""
-        busy = self._busy_groups()
+    def _busy_load(
+        self, stage: str, tables: StageTables, weight: np.ndarray, busy: np.ndarray
+    ) -> np.ndarray:
+        """The load term while the cores are busy (``busy``: per device, its resource is):
+        none for the leanest runtime of a busy resource (weight 1 with a share measured)
+        where it is not loaded and fits in free memory without evicting anything (module
+        docstring)."""
         waived = [
             int(index)
             for index in np.flatnonzero(busy & (weight == 1.0))
@@ -88,9 +90,9 @@ class CoreSharesMixin(SchedulerState):
                 weights[index] = share / least[int(groups[index])]
         return weights
 
-    def _busy_weight(self, stage: str) -> np.ndarray | None:
+    def _busy_weight(self, stage: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The weights of ``stage`` where a device's compute resource has a task in flight
-        (1 elsewhere); None when no weight applies now."""
+        (1 elsewhere), and that busy mask; None when no weight applies now."""
         weights = self._core_weights.get(stage)
         if weights is None:
             return None
@@ -100,7 +102,7 @@ class CoreSharesMixin(SchedulerState):
         if not busy.any():
             return None
         weighted: np.ndarray = np.where(busy, weights, 1.0)
-        return weighted
+        return weighted, busy
 
     def _busy_groups(self) -> np.ndarray:
         """Per device: whether a task of any stage is in flight on its compute resource."""

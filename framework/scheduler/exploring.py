@@ -209,7 +209,7 @@ class ExploringMixin(CoreSharesMixin):
         if record.batches < record.period:
             return
         stage = tables.costs.key.split("/", 1)[0]
-        if stage in self._core_weights and self._busy_weight(stage) is not None:
+        if stage in self._core_weights and self._busy_groups().any():
             # a trial times a runtime as warm-up's probe did, alone: while the cores run other
             # work too, a batch's wall time rewards the runtime that takes more of them, and
             # the core shares rank the runtimes there (core_shares.py); tried when idle

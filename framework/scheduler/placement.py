@@ -119,10 +119,11 @@ class PlacementMixin(CompletionMixin, CoreSharesMixin):
         compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
         load = tables.load_now
         if weighted and self.placement == "cost_model":
-            weight = self._busy_weight(task.stage)  # cores busy: the core time taken counts
-            if weight is not None:
+            busy = self._busy_weight(task.stage)  # cores busy: the core time taken counts
+            if busy is not None:
+                weight, busy_mask = busy
                 compute = compute * weight
-                load = self._busy_load(task.stage, tables, weight)
+                load = self._busy_load(task.stage, tables, weight, busy_mask)
         transfer = self._transfer(task, tables)
         if self.placement == "round_robin":
             candidates = np.flatnonzero(mask)
