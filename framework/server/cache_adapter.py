@@ -41,16 +41,16 @@ class CacheAdapter:
         return _from_cache(self._kind(stage), hit), tier
 
     def put(self, stage: str, key: Any, value: Any) -> None:
-        self.cache.put(key, _to_cache(self._kind(stage), value))
-
-
-def _to_cache(kind: str, value: Any) -> Any:
-    if kind == "vision_encode":
-        return {**value, "embedding": np.asarray(value["embedding"]).astype(float).tolist()}
-    return value
+        self.cache.put(key, value)
 
 
 def _from_cache(kind: str, value: Any) -> Any:
+    """A vision result as the stage returns it, in a dict of its own (the memory tier's is
+    shared by every hit): its embedding a float32 array, also for entries stored before the
+    codec kept arrays beside JSON (a list of floats then)."""
     if kind == "vision_encode" and isinstance(value, dict):
-        return {**value, "embedding": np.asarray(value["embedding"], dtype=np.float32)}
+        embedding = value.get("embedding")
+        if isinstance(embedding, list):
+            return {**value, "embedding": np.asarray(embedding, dtype=np.float32)}
+        return dict(value)
     return value

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetero.cache.codec import decode, encode
-from hetero.framework.errors import CorruptEntryError
+from hetero.framework.errors import CacheValueError, CorruptEntryError
 
 
 def test_a_round_trip_keeps_dtype_shape_and_bytes() -> None:
@@ -116,3 +116,29 @@ def test_decode_from_reads_a_value_in_place_behind_a_record_header_and_still_che
     assert np.array_equal(decode_from(blob, 0), value)  # a record that is the value
     with pytest.raises(CorruptEntryError):
         decode_from(header + blob[:-4], len(header))
+
+
+def test_a_mapping_of_arrays_and_json_keeps_each_as_it_was_and_its_key_order() -> None:
+    """A vision result: its embedding stays a float32 array (bytes, not JSON floats), the rest
+    JSON, the keys in their order; a flipped byte is corrupt; a corrupt index is corrupt."""
+    embedding = np.linspace(-1, 1, 1280, dtype=np.float32)
+    value = {"embedding": embedding, "labels": [["tabby", 0.5]], "top1": 281, "width": 64}
+    blob = encode(value)
+    assert blob[4:5] == b"M" and len(blob) < 1280 * 4 + 200  # not 25 KB of JSON floats
+    back = decode(blob)
+    assert list(back) == list(value)
+    assert back["embedding"].dtype == np.float32 and np.array_equal(back["embedding"], embedding)
+    assert not back["embedding"].flags.writeable
+    assert {k: v for k, v in back.items() if k != "embedding"} == {
+        "labels": [["tabby", 0.5]],
+        "top1": 281,
+        "width": 64,
+    }
+    flipped = bytearray(blob)
+    flipped[-1] ^= 0x01
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+        decode(bytes(flipped))
+    with pytest.raises(CorruptEntryError):
+        decode(blob[:-4], verified=True)
+    with pytest.raises(CacheValueError):
+        encode({"embedding": embedding, "bad": object()})
