@@ -1,16 +1,16 @@
 """Values to bytes and back, without pickle: numpy arrays and JSON-able results.
 
 Layout: ``b"HFC2"`` | kind (``N`` array, ``D`` named arrays, ``M`` a mapping of arrays and
-JSON-able values, ``J`` JSON) | XXH3-64 of the body | body. XXH3 (the ``xxhash`` binding, BSD) checks 5 KB in 0.41 us here against zlib's CRC32's
-4.2 us, measured side by side; entries written before it (``b"HFC1"``, CRC32) still decode. An
-array body is its dtype string, its shape and its raw bytes (C order); object and structured
-dtypes are refused. Named arrays (a stage's outputs) are a JSON list of names and lengths
-followed by each array's own encoding. A mixed mapping (a vision result: a float32 embedding
-beside labels and sizes) is a JSON list of its keys in order and of its other values, followed
-by its arrays as named arrays: its arrays keep their dtype and bytes and cost no JSON (a
-1,280-float embedding as JSON was 25 KB and 1.5 ms of CPU to encode and decode, against 5 KB
-and microseconds). A checksum that does not match, or bytes that do not
-parse, raise :class:`CorruptEntryError`.
+JSON-able values, ``J`` JSON) | XXH3-64 of the body | body. XXH3 (the ``xxhash`` binding, BSD)
+checks 5 KB in 0.41 us here against zlib's CRC32's 4.2 us, measured side by side; entries
+written before it (``b"HFC1"``, CRC32) still decode. An array body is its dtype string, its
+shape and its raw bytes (C order); object and structured dtypes are refused. Named arrays (a
+stage's outputs) are a JSON list of names and lengths followed by each array's own encoding. A
+mixed mapping (a vision result: a float32 embedding beside labels and sizes) is a JSON list of
+its keys in order and of its other values, followed by its arrays as named arrays: its arrays
+keep their dtype and bytes and cost no JSON (a 1,280-float embedding as JSON was 25 KB and 1.5
+ms of CPU to encode and decode, against 5 KB and microseconds). A checksum that does not match,
+or bytes that do not parse, raise :class:`CorruptEntryError`.
 """
 
 from __future__ import annotations
