@@ -95,6 +95,7 @@ def run_serve(
     """
     import uvicorn
 
+    from hetero.framework.engine.heap import freeze_long_lived
     from hetero.framework.server import Serving, create_app
     from hetero.framework.server.listening import server_config, startup_warnings
     from hetero.framework.server.serving import StagesFailedError
@@ -124,6 +125,9 @@ def run_serve(
     def load() -> None:
         try:
             load_with_progress(runtime, err)
+            # What start-up made lives as long as the server: out of full collections
+            # (framework/engine/heap.py), before the first request.
+            freeze_long_lived()
             skipped = f", {len(runtime.failed)} not served" if runtime.failed else ""
             err.print(
                 f"[green]ready[/]: http://{bind_host}:{bind_port} ({len(runtime.stages)} "

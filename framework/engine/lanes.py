@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
+from hetero.framework.engine.heap import collect_frozen
 from hetero.framework.errors import InputLostError
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.runner import LoadedGraphs
@@ -210,6 +211,7 @@ class DeviceModels:
                 loaded.unload()
             except Exception:
                 logger.exception("%s: unloading %s failed", self.device.id, key[0])
+            collect_frozen()  # its cyclic garbage, if start-up's objects were frozen
 
     def resident(self, model_key: str) -> bool:
         """Whether ``model_key``'s graphs are loaded here."""
@@ -226,6 +228,8 @@ class DeviceModels:
             self._key_of.clear()
         for graphs in loaded:
             graphs.unload()
+        if loaded:
+            collect_frozen()
 
 
 class Lane:
