@@ -223,6 +223,7 @@ class GraphRunner:
             if self.engine._stopping:
                 raise ShedError("engine is shutting down", status=503)
             self.engine._requests[state.request_id] = state
+            self.engine.scheduler.requests_live = len(self.engine._requests)
             self.walk.hold(state, shares)
             try:
                 self.enqueue_ready(state)
@@ -281,6 +282,7 @@ class GraphRunner:
     def end(self, state: RequestState) -> None:
         """Forget a request that ended and drop its queued steps (lock held)."""
         self.engine._requests.pop(state.request_id, None)
+        self.engine.scheduler.requests_live = len(self.engine._requests)
         self.walk.end(state)
 
     def enqueue_ready(self, state: RequestState) -> None:

@@ -157,3 +157,15 @@ def test_the_first_task_while_busy_loads_the_leaner_runtime_if_it_fits(fits: boo
     assert placed.device_id == (LEAN if fits else FAST)
     scheduler.completed(placed, ok=True, run_s=0.1, batch_size=1)
     scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
+
+
+@pytest.mark.parametrize(("live", "choice"), [(2, LEAN), (1, FAST)])
+def test_another_live_request_makes_the_cores_busy_between_its_tasks(
+    live: int, choice: str
+) -> None:
+    """No task in flight, but another request live in the engine (its answer being written,
+    its next stage not yet queued): its host work shares the cores, so the leaner runtime
+    takes the task. The control: only the request being placed is live."""
+    scheduler = _scheduler({FAST: 1.0, LEAN: 0.7})
+    scheduler.requests_live = live
+    assert _place(scheduler, "embed").device_id == choice
