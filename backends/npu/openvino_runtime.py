@@ -9,6 +9,7 @@ import numpy as np
 
 from hetero.backends.npu.runtime import Runtime, onnx_bytes_or_path
 from hetero.framework.devices import DeviceClass
+from hetero.framework.envs import model_cache
 from hetero.framework.executors.openvino_executor import OpenVinoExecutor, OpenVinoModel
 from hetero.framework.graph import ComputeGraph
 
@@ -26,7 +27,7 @@ class OpenVinoRuntime(Runtime):
     name = "openvino"
 
     def __init__(self) -> None:
-        self._executor = OpenVinoExecutor()
+        self._executor = OpenVinoExecutor(cache_dir=model_cache() / "openvino")
 
     def local_devices(self) -> list[tuple[str, DeviceClass, str, dict[str, Any]]]:
         core = self._executor.core
