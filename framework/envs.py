@@ -12,7 +12,8 @@
                                when built through the registry (default
                                ``builtin:sim/mixed-fleet``).
 ``HETERO_MODEL_CACHE``         Where the built-in models keep derived files (exported ONNX,
-                               converted weights); default ``~/.cache/hetero/models``.
+                               converted weights, OpenVINO's compiled models); default
+                               ``~/.cache/hetero/models``.
 ``HETERO_CALIBRATION_FILE``    Where warm-up keeps its timings between starts (JSON);
                                default ``calibration.json`` in the model cache.
 ``HETERO_VLLM_MAX_NUM_SEQS``   Sequences a vLLM engine schedules together (its continuous
