@@ -228,8 +228,6 @@ class DeviceModels:
             self._key_of.clear()
         for graphs in loaded:
             graphs.unload()
-        if loaded:
-            collect_frozen()
 
 
 class Lane:
