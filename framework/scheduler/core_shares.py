@@ -111,11 +111,11 @@ class CoreSharesMixin(SchedulerState):
 
     def _busy_groups(self) -> np.ndarray:
         """Per device: whether a task of any stage is in flight on its compute resource, or
-        (every device) whether another request is live. Counting tasks alone, at c=8 on the
-        bench load 10 % of embeddings found the cores "idle" between other requests' tasks
-        and went to the runtime fastest alone, which costs the most core time (free placement
-        0.96x the ONNX Runtime pinning there, 2026-12-06). Only a host CPU's runtimes have a
-        share, so on any other device the mask changes nothing."""
+        (every device) whether another request is live: counting tasks alone, a placement
+        between other requests' tasks (theirs parsed, answered or waiting for their next
+        stage, on the same cores) saw idle cores under load and chose the runtime fastest
+        alone, which takes the most core time. Only a host CPU's runtimes have a share, so on
+        any other device the mask changes nothing."""
         if self.requests_live > 1:
             return np.ones(len(self.devices), dtype=bool)
         groups = self._compute_group
