@@ -295,3 +295,39 @@ def test_requests_that_arrive_during_a_large_one_run_between_its_parts() -> None
         gated.release.set()
         large.result(timeout=30), small.result(timeout=30)
     assert order == ["p0", "p1", "s0", "p2", "p3", "p4", "p5"]
+
+
+class Gate(StagePlugin):
+    """Holds its batch until released (to look at the engine while a request is live)."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def graphs(
+        self, variant: str = "full", graph_format: GraphFormat | None = None
+    ) -> Mapping[str, ComputeGraph]:
+        return {}
+
+    def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
+        self.entered.set()
+        assert self.release.wait(timeout=30)
+        return list(payloads)
+
+
+def test_the_scheduler_knows_how_many_requests_are_live() -> None:
+    """What placement reads as "other work on the cores" (core_shares.py): admitted requests,
+    not yet answered, counted from start to end."""
+    gate = Gate()
+    plugins = {"left": gate, "right": Echo("right", []), "join": Echo("join", [])}
+    with Engine(load_policy_text(POLICY, "live.yaml"), Registry(), plugins=plugins) as live:
+        live.warm_up()
+        assert live.scheduler.requests_live == 0
+        held = live.submit_graph(RequestGraph("one", {"a": GraphNode("left", payload=1)}))
+        assert gate.entered.wait(timeout=30)
+        assert live.scheduler.requests_live == 1
+        gate.release.set()
+        assert held.result(timeout=30).outputs["a"] == 1
+        assert live.scheduler.requests_live == 0
