@@ -161,12 +161,7 @@ class WarmUp:
                     continue
                 report(stage, f"timing on {device_id}")
                 try:
-                    cpu_before = time.process_time()
-                    seconds = self._run_once(stage, device_id, probe)
-                    samples.setdefault(device_id, []).append(seconds)
-                    if seconds > 0:
-                        cores = (time.process_time() - cpu_before) / seconds
-                        busy.setdefault(device_id, []).append(cores)
+                    self._timed_run(stage, device_id, probe, samples, busy)
                 except Exception as err:
                     self._unavailable(stage, device_id, err, errors)
         self._separate(stage, probe, samples, busy, errors, report)
@@ -216,17 +211,27 @@ class WarmUp:
             for device_id in (first, second):
                 report(stage, f"timing on {device_id} again (within the other's spread)")
                 try:
-                    cpu_before = time.process_time()
-                    seconds = self._run_once(stage, device_id, probe)
+                    spent += self._timed_run(stage, device_id, probe, samples, busy)
                 except Exception as err:
                     self._unavailable(stage, device_id, err, errors)
                     return
-                timed[device_id].append(seconds)
-                spent += seconds
-                if seconds > 0:
-                    busy.setdefault(device_id, []).append(
-                        (time.process_time() - cpu_before) / seconds
-                    )
+
+    def _timed_run(
+        self,
+        stage: str,
+        device_id: str,
+        probe: Any,
+        samples: dict[str, list[float]],
+        busy: dict[str, list[float]],
+    ) -> float:
+        """One timed probe run on ``device_id``: its wall time into ``samples`` and the cores
+        it kept busy (process CPU time over wall time) into ``busy``; the wall time."""
+        cpu_before = time.process_time()
+        seconds = self._run_once(stage, device_id, probe)
+        samples.setdefault(device_id, []).append(seconds)
+        if seconds > 0:
+            busy.setdefault(device_id, []).append((time.process_time() - cpu_before) / seconds)
+        return seconds
 
     def _key(
         self, stage: str, device_id: str, probe: Any, items: float | None = None
