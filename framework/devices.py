@@ -120,6 +120,12 @@ class DeviceSpec:
         return self.resources[0]
 
     @property
+    def on_host_cores(self) -> bool:
+        """Whether the device computes on its host's CPU cores: a runtime's view of the host
+        CPU (OpenVINO's CPU, ONNX Runtime's CPU provider, torch on the CPU)."""
+        return self.device_class is DeviceClass.CPU and self.compute_id.endswith("/cpu")
+
+    @property
     def memory_id(self) -> str:
         """The physical memory this device's models live in (see :attr:`resources`)."""
         return self.resources[1]

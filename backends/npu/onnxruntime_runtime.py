@@ -42,7 +42,12 @@ class OnnxRuntime(Runtime):
                 provider,
                 PROVIDER_CLASSES[provider],
                 provider.removesuffix("ExecutionProvider"),
-                {"runtime": "onnxruntime", "runtime_version": executor.version},
+                # a session's intra-op threads are its own (engine.thread_budget)
+                {
+                    "runtime": "onnxruntime",
+                    "runtime_version": executor.version,
+                    "threads_per_graph": True,
+                },
             )
             for provider, executor in self._executors.items()
         ]

@@ -43,6 +43,7 @@ class OpenVinoRuntime(Runtime):
                 "runtime": "openvino",
                 "runtime_version": self._executor.version,
                 "optimization_capabilities": [str(c) for c in caps],
+                "threads_per_graph": True,  # a compiled model's threads (engine.thread_budget)
             }
             found.append((device, _device_class(device), vendor_name, props))
         return found

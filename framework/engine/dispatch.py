@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.engine.lanes import (
     BatchOutcome,
     Lane,
 )
+from hetero.framework.engine.thread_budget import narrows
 from hetero.framework.scheduler import (
     Dispatch,
     Rejection,
@@ -101,19 +103,22 @@ class Dispatcher:
             if lane is None:
                 graph_format = self.engine.format_for(stage, device_id)
                 assert graph_format is not None, "the scheduler placed where it cannot run"
+                device = self.engine._device_by_id[device_id]
+                threads = self.engine._threads.get(stage, 0)
                 lane = Lane(
                     stage,
                     self.engine.plugins[stage],
                     graph_format,
                     self.engine.models[device_id],
-                    self.engine._threads.get(stage, 0),
+                    threads,
                     self.inputs,
                     self.engine.scheduler.batching_for,
                     self.on_batch,
                     nice=self.engine._nice.get(stage, 0),
-                    slots=self.engine.backends[
-                        self.engine._device_by_id[device_id].backend
-                    ].run_slots(device_id, graph_format),
+                    slots=self.engine.backends[device.backend].run_slots(device_id, graph_format),
+                    contended=partial(self.engine.scheduler.cores_contended, device_id)
+                    if narrows(device, threads)
+                    else None,
                 )
                 self.engine._lanes[(stage, device_id)] = lane
             return lane

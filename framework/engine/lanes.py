@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.heap import collect_frozen
+from hetero.framework.engine.thread_budget import narrow_threads
 from hetero.framework.errors import InputLostError
 from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.runner import LoadedGraphs
@@ -39,6 +40,7 @@ __all__ = ["BatchOutcome", "BatchRun", "DeviceModels", "Lane", "ModelHost"]
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.5
+_GraphsKey = tuple[str, GraphFormat, int]  # a stage's graphs in one format, by intra-op threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,25 +116,32 @@ class DeviceModels:
     (``stage/variant``): the local :class:`ModelHost`.
 
     Variants that load the same graphs share one resident copy; it is released when the last
-    variant using it is evicted.
+    variant using it is evicted. A stage's graphs are held once per thread count they ran with
+    (a contended batch runs on a copy with fewer threads: :mod:`.thread_budget`); evicting a
+    variant releases every copy it used.
     """
 
     def __init__(self, backend: Backend, device: DeviceSpec) -> None:
         self.backend = backend
         self.device = device
         self._lock = threading.Lock()
-        self._loaded: dict[tuple[str, GraphFormat], LoadedGraphs] = {}
-        self._users: dict[tuple[str, GraphFormat], set[str]] = {}
-        self._key_of: dict[str, tuple[str, GraphFormat]] = {}
-        self._loading: dict[tuple[str, GraphFormat], threading.Lock] = {}
+        self._loaded: dict[_GraphsKey, LoadedGraphs] = {}
+        self._users: dict[_GraphsKey, set[str]] = {}
+        self._keys_of: dict[str, set[_GraphsKey]] = {}
+        self._loading: dict[_GraphsKey, threading.Lock] = {}
         self._closed = False
 
     def get(
-        self, model_key: str, graph_format: GraphFormat, graphs: Callable[[], Mapping[str, Any]]
+        self,
+        model_key: str,
+        graph_format: GraphFormat,
+        graphs: Callable[[], Mapping[str, Any]],
+        threads: int = 0,
     ) -> tuple[LoadedGraphs, bool]:
-        """The loaded graphs of ``model_key``, loading them if needed; (runner, loaded now)."""
+        """The loaded graphs of ``model_key`` with ``threads`` intra-op threads, loading them
+        if needed; (runner, loaded now)."""
         stage = model_key.split("/", 1)[0]
-        key = (stage, graph_format)
+        key = (stage, graph_format, threads)
         with self._lock:
             gate = self._loading.setdefault(key, threading.Lock())
         with gate:  # one load per graph set; others wait for it
@@ -140,7 +149,7 @@ class DeviceModels:
                 found = self._loaded.get(key)
                 if found is not None:
                     self._users[key].add(model_key)
-                    self._key_of[model_key] = key
+                    self._keys_of.setdefault(model_key, set()).add(key)
                     return found, False
             if self._is_closed():
                 raise RuntimeError(f"{self.device.id} is closed: nothing more is loaded")
@@ -150,7 +159,7 @@ class DeviceModels:
                 if not closed:
                     self._loaded[key] = loaded
                     self._users[key] = {model_key}
-                    self._key_of[model_key] = key
+                    self._keys_of.setdefault(model_key, set()).add(key)
             if closed:  # closed while loading: give it straight back
                 loaded.unload()
                 raise RuntimeError(f"{self.device.id} closed while {model_key} was loading")
@@ -173,6 +182,7 @@ class DeviceModels:
             model_key,
             graph_format,
             lambda: with_threads(plugin.graphs(variant, graph_format), threads),
+            threads,
         )
 
     def run_batch(
@@ -195,28 +205,31 @@ class DeviceModels:
         return BatchRun(results, began - loading if loaded else 0.0, time.perf_counter() - began)
 
     def evict(self, model_key: str) -> None:
-        """Forget ``model_key``; its graphs are unloaded once no variant uses them."""
+        """Forget ``model_key``; its graphs (each copy) are unloaded once no variant uses
+        them."""
+        released: list[tuple[_GraphsKey, LoadedGraphs]] = []
         with self._lock:
-            key = self._key_of.pop(model_key, None)
-            if key is None:
-                return
-            users = self._users.get(key, set())
-            users.discard(model_key)
-            if users:
-                return
-            loaded = self._loaded.pop(key, None)
-            self._users.pop(key, None)
-        if loaded is not None:
+            for key in self._keys_of.pop(model_key, set()):
+                users = self._users.get(key, set())
+                users.discard(model_key)
+                if users:
+                    continue
+                loaded = self._loaded.pop(key, None)
+                self._users.pop(key, None)
+                if loaded is not None:
+                    released.append((key, loaded))
+        for key, loaded in released:
             try:
                 loaded.unload()
             except Exception:
                 logger.exception("%s: unloading %s failed", self.device.id, key[0])
-            collect_frozen()  # its cyclic garbage, if start-up's objects were frozen
+        if released:
+            collect_frozen()  # their cyclic garbage, if start-up's objects were frozen
 
     def resident(self, model_key: str) -> bool:
         """Whether ``model_key``'s graphs are loaded here."""
         with self._lock:
-            return model_key in self._key_of
+            return model_key in self._keys_of
 
     def close(self) -> None:
         """Unload everything; a load still running gives its graphs back when it ends."""
@@ -225,7 +238,7 @@ class DeviceModels:
             loaded = list(self._loaded.values())
             self._loaded.clear()
             self._users.clear()
-            self._key_of.clear()
+            self._keys_of.clear()
         for graphs in loaded:
             graphs.unload()
 
@@ -245,6 +258,7 @@ class Lane:
         report: Callable[[list[BatchOutcome]], None],
         nice: int = 0,
         slots: int = 1,
+        contended: Callable[[int], bool] | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"a lane needs at least one slot, got {slots}")
@@ -258,6 +272,8 @@ class Lane:
         self.models = models
         self.device = models.device
         self.threads = threads
+        # whether other work shares the cores with a batch of n tasks; None: never narrowed
+        self._contended = contended
         self._inputs_for = inputs_for
         self._batching_for = batching_for
         self._report = report
@@ -367,10 +383,13 @@ class Lane:
         payloads = [payload for _, payload in live]
         with self._running_lock:
             self.running.update((id(p), p) for p in payloads)
+        threads = self.threads
+        if self._contended is not None and self._contended(len(batch)):
+            threads = narrow_threads(threads)
         began = time.perf_counter()
         try:
             ran = self.models.run_batch(
-                self.plugin, model_key, self.graph_format, self.threads, payloads
+                self.plugin, model_key, self.graph_format, threads, payloads
             )
         except InputLostError as err:  # where the inputs lay is gone: not this device's fault
             return outcomes + [

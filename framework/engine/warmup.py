@@ -10,7 +10,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from hetero.framework.devices import DeviceClass
 from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
 from hetero.framework.engine.status import (
     Progress,
@@ -299,8 +298,7 @@ class WarmUp:
         remote node), where this process's CPU time does not see it. Warm-up runs one probe
         at a time, so the process's CPU time is the probe's own."""
         device = self.engine._device_by_id[device_id]
-        on_cores = device.device_class is DeviceClass.CPU and device.compute_id.endswith("/cpu")
-        if not on_cores or not cores_busy:
+        if not device.on_host_cores or not cores_busy:
             return None
         busy = statistics.median(cores_busy)
         if busy < 0.5:

@@ -109,6 +109,19 @@ class CoreSharesMixin(SchedulerState):
         weighted: np.ndarray = np.where(busy, weights, 1.0)
         return weighted, busy
 
+    def cores_contended(self, device_id: str, own_tasks: int) -> bool:
+        """Whether other work shares ``device_id``'s compute resource with a batch of
+        ``own_tasks`` tasks: another request live, or more tasks in flight on the resource
+        than the batch's (the notion of busy placement weighs shares by). Read by a lane
+        without the engine's lock: a hint, as fresh as the last dispatch."""
+        if self.requests_live > 1:
+            return True
+        groups, in_flight = self._compute_group, self.in_flight
+        index = self.fleet.index.get(device_id)
+        if index is None or index >= len(groups) or len(groups) != len(in_flight):
+            return False  # the fleet is being renumbered: no evidence of contention
+        return int(in_flight[groups == groups[index]].sum()) > own_tasks
+
     def _busy_groups(self) -> np.ndarray:
         """Per device: whether a task of any stage is in flight on its compute resource, or
         (every device) whether another request is live: counting tasks alone, a placement

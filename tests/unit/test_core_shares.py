@@ -169,3 +169,26 @@ def test_another_live_request_makes_the_cores_busy_between_its_tasks(
     scheduler = _scheduler({FAST: 1.0, LEAN: 0.7})
     scheduler.requests_live = live
     assert _place(scheduler, "embed").device_id == choice
+
+
+def test_cores_are_contended_by_other_tasks_on_them_or_another_live_request() -> None:
+    scheduler = _scheduler(None)
+    assert not scheduler.cores_contended(FAST, 1)  # the control: nothing else anywhere
+    _place(scheduler, "embed")  # one task in flight on the host's cores
+    assert not scheduler.cores_contended(FAST, 1)  # ... which is the batch asking
+    assert scheduler.cores_contended(LEAN, 0)  # another runtime of the same cores asks
+    scheduler.requests_live = 2
+    assert scheduler.cores_contended(FAST, 1)  # another request is live
+
+
+def test_tasks_on_another_host_do_not_contend() -> None:
+    devices = [_device("fast/CPU", 1.2e11), _device("lean/CPU", 1e11, host="other")]
+    scheduler = Scheduler(
+        load_policy_text(POLICY, "cpu.yaml"), devices, Topology(devices), VirtualClock()
+    )
+    for device in (FAST, LEAN):
+        assert scheduler.preload(device, "embed/full")
+    placed = _place(scheduler, "embed")
+    elsewhere = LEAN if placed.device_id == FAST else FAST
+    assert scheduler.cores_contended(placed.device_id, 0)  # the control: its own cores are
+    assert not scheduler.cores_contended(elsewhere, 0)
