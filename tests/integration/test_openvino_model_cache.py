@@ -1,5 +1,6 @@
-"""OpenVINO keeps compiled models in hetero's model cache and a later start imports them
-(framework/executors/openvino_executor.py); real OpenVINO on this CPU."""
+"""OpenVINO keeps compiled models in hetero's model cache and a later start imports them, and
+compiles CPU models with unpinned threads (framework/executors/openvino_executor.py); real
+OpenVINO on this CPU."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ def test_a_cache_folder_that_cannot_be_made_compiles_every_time(tmp_path: Path) 
     executor = OpenVinoExecutor(cache_dir=blocker / "openvino")
     assert executor.cache_dir is None
     assert _run(executor, _onnx()).shape == (1, 32)
+
+
+def test_a_cpu_model_keeps_its_threads_and_leaves_them_unpinned() -> None:
+    executor = OpenVinoExecutor()
+    compiled = executor.compile(executor.read(_onnx()), "CPU", threads=1).compiled
+    assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    # pinned, two one-thread models side by side can share one core (the compile docstring)
+    assert compiled.get_property("ENABLE_CPU_PINNING") is False
