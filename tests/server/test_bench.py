@@ -113,3 +113,18 @@ def test_ratios_name_every_goal() -> None:
     light = "light (embed) p99 with 32 clients saturating vision / alone"
     assert goals[light]["met"] is True
     assert goals["start-up s"]["met"] is True
+
+
+def test_every_run_sends_the_same_shapes_with_its_own_content() -> None:
+    first = list(itertools.islice(RequestMix("r1", repeat_share=0.3).stream(0), 200))
+    second = list(itertools.islice(RequestMix("r2", repeat_share=0.3).stream(0), 200))
+
+    def shape(request: Any) -> tuple[Any, ...]:
+        texts = request.payload.get("texts")
+        return (request.route, request.repeated, None if texts is None else len(texts))
+
+    assert [shape(r) for r in first] == [shape(r) for r in second]
+    fresh = [(a, b) for a, b in zip(first, second, strict=True) if not a.repeated]
+    assert fresh and all(a.body != b.body for a, b in fresh)  # no run hits another's cache
+    other_worker = list(itertools.islice(RequestMix("r1", repeat_share=0.3).stream(1), 200))
+    assert [r.route for r in other_worker] != [r.route for r in first]  # the control
