@@ -71,7 +71,9 @@ class VllmServer:
         """The vLLM engine the LLM stage is resident in (its step statistics)."""
         engine = self.runtime.engine
         assert engine is not None
-        runner, loaded_now = engine.models[VLLM_DEVICE].get(LLM_KEY, GraphFormat.VLLM, dict)
+        threads = engine._threads.get(LLM_KEY.split("/", 1)[0], 0)  # the copy the lane ran
+        models = engine.models[VLLM_DEVICE]
+        runner, loaded_now = models.get(LLM_KEY, GraphFormat.VLLM, dict, threads)
         assert not loaded_now, "the LLM stage was not resident on vLLM"
         return runner.native("decoder")
 
