@@ -44,7 +44,9 @@ __all__ = [
     "RUNTIMES",
     "Load",
     "assignment_policy",
+    "counts_since",
     "load_named",
+    "placement_counts",
     "placement_ratios",
     "run_placement_bench",
 ]
@@ -120,6 +122,9 @@ class _Stack:
     process: subprocess.Popen[bytes]
     figures: dict[str, Any]
     rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # per concurrency, stage -> device -> batches placed there over that concurrency's rounds
+    # (warm-up requests included: they are the point's too)
+    placed: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
 
 def _warm_routes(url: str, mix: Any, each: int = 2) -> None:
@@ -179,6 +184,30 @@ def _start(
         bench_procs.CLI_MODULE, args, log, url, "/ready", READY_TIMEOUT_S, warm, label
     )
     return _Stack(label, url, process, figures)
+
+
+def placement_counts(stages: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Stage -> device -> placements so far, from ``/v1/devices``' stages."""
+    return {stage["stage"]: dict(stage.get("placements", {})) for stage in stages}
+
+
+def counts_since(
+    before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, int]]:
+    """The placements made between two :func:`placement_counts` (devices with none left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for stage, devices in after.items():
+        made = {d: n - before.get(stage, {}).get(d, 0) for d, n in devices.items()}
+        if kept := {d: n for d, n in made.items() if n > 0}:
+            out[stage] = kept
+    return out
+
+
+def _add_counts(total: dict[str, dict[str, int]], more: Mapping[str, Mapping[str, int]]) -> None:
+    for stage, devices in more.items():
+        row = total.setdefault(stage, {})
+        for device, n in devices.items():
+            row[device] = row.get(device, 0) + n
 
 
 def _stages_of(stack: _Stack) -> list[dict[str, Any]]:
@@ -249,6 +278,7 @@ def run_placement_bench(
                     shift = round_index % len(running)
                     for stack in running[shift:] + running[:shift]:
                         report(f"round {round_index + 1}: {stack.label} at concurrency {workers}")
+                        before = placement_counts(_stages_of(stack))
                         point = closed_loop(
                             stack.url,
                             chosen.mix(),
@@ -257,12 +287,17 @@ def run_placement_bench(
                             seconds=seconds,
                         )
                         stack.rounds.setdefault(str(workers), []).append(point)
+                        _add_counts(
+                            stack.placed.setdefault(str(workers), {}),
+                            counts_since(before, placement_counts(_stages_of(stack))),
+                        )
             stacks: dict[str, Any] = {}
             for stack in running:
                 stacks[stack.label] = {
                     **stack.figures,
                     "assignment": assignments.get(stack.label, "free"),
                     "points": {c: median_point(r) for c, r in stack.rounds.items()},
+                    "placed_per_concurrency": stack.placed,
                     "rss_after_load_mb": bench_procs.tree_rss_mb(stack.process.pid),
                     "stages": _stages_of(stack),
                 }

@@ -198,6 +198,12 @@ def print_placement_report(console: Console, result: dict[str, Any]) -> None:
             )
             for device, why in stage.get("idle_devices", {}).items():
                 console.print(f"    {device} idle: {why}", highlight=False)
+        for conc, placed in stack.get("placed_per_concurrency", {}).items():
+            where = "; ".join(
+                f"{stage} " + ", ".join(f"{d} {n}" for d, n in sorted(devices.items()))
+                for stage, devices in sorted(placed.items())
+            )
+            console.print(f"  placed at c={conc}: {where or 'nothing'}", highlight=False)
     console.print(
         f"load average (1, 5, 15 min) at the end: {result['load_average']}; "
         f"wall {result['wall_s']} s",

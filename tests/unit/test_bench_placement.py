@@ -13,7 +13,9 @@ from hetero.framework.bench.serve_load import median_point
 from hetero.framework.bench.serve_placement import (
     _fastest_alone,
     assignment_policy,
+    counts_since,
     load_named,
+    placement_counts,
     placement_ratios,
 )
 from hetero.framework.bench.serve_stages import SIX_STAGE_SHARES, StageMix
@@ -120,3 +122,21 @@ def test_an_unknown_load_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown load"):
         load_named("seven")
     assert load_named("six").policy == "builtin:bench-six"
+
+
+def test_placements_are_counted_per_point_from_the_servers_running_totals() -> None:
+    before = placement_counts(
+        [
+            {"stage": "text_embed", "placements": {"npu:openvino/CPU": 10}},
+            {"stage": "vision_encode", "placements": {}},
+        ]
+    )
+    after = placement_counts(
+        [
+            {"stage": "text_embed", "placements": {"npu:openvino/CPU": 14, "cpu:torch": 3}},
+            {"stage": "vision_encode", "placements": {}},
+        ]
+    )
+    # Only what this point placed: the earlier 10 are another point's, an idle stage is left out.
+    assert counts_since(before, after) == {"text_embed": {"npu:openvino/CPU": 4, "cpu:torch": 3}}
+    assert counts_since(after, after) == {}
