@@ -105,6 +105,10 @@ class Dispatcher:
                 assert graph_format is not None, "the scheduler placed where it cannot run"
                 device = self.engine._device_by_id[device_id]
                 threads = self.engine._threads.get(stage, 0)
+                scheduler = self.engine.scheduler
+                # on the host's cores: fewer threads while contended, a batch per thread
+                # side by side while no other stage has work there (:mod:`.thread_budget`)
+                shares_cores = narrows(device, threads)
                 lane = Lane(
                     stage,
                     self.engine.plugins[stage],
@@ -112,12 +116,16 @@ class Dispatcher:
                     self.engine.models[device_id],
                     threads,
                     self.inputs,
-                    self.engine.scheduler.batching_for,
+                    scheduler.batching_for,
                     self.on_batch,
                     nice=self.engine._nice.get(stage, 0),
                     slots=self.engine.backends[device.backend].run_slots(device_id, graph_format),
-                    contended=partial(self.engine.scheduler.cores_contended, device_id)
-                    if narrows(device, threads)
+                    contended=partial(scheduler.cores_contended, device_id)
+                    if shares_cores
+                    else None,
+                    core_slots=threads if shares_cores else 1,
+                    others_on_cores=partial(scheduler.others_on_cores, device_id)
+                    if shares_cores
                     else None,
                 )
                 self.engine._lanes[(stage, device_id)] = lane

@@ -10,6 +10,15 @@ A device whose runtime takes several runs at once (``Backend.run_slots``: a vLLM
 continuous batching) gets a lane with as many slots: each batch then runs on a slot thread of
 its own while the lane goes on receiving, so a generation that arrives joins the ones already
 running instead of waiting for them to end.
+
+A stage on the host's cores whose runs can be narrowed (:mod:`.thread_budget`) gets a slot per
+intra-op thread it may use (``core_slots``), used only while no other stage has work on those
+cores: one batch always runs; while the cores are otherwise free, a batch is split in as many
+runs as slots are free, and a task that arrives starts beside the runs already going. On the
+two-core bench machine two one-thread runs of a model side by side did 22 % more work than one
+run with two threads (embeddings: 67 against 55 runs a second). Without the slots, a stage
+whose neighbour sat idle ran its narrowed batches on one core while the other idled: the server
+used 1.5 of the 2 cores at concurrency 8 against FastAPI's 1.8, and with them 1.6.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
@@ -35,11 +44,19 @@ from hetero.framework.runner import LoadedGraphs
 from hetero.framework.scheduler import Batcher, Dispatch
 from hetero.framework.stage_plugin import StagePlugin
 
-__all__ = ["BatchOutcome", "BatchRun", "DeviceModels", "Lane", "ModelHost"]
+__all__ = ["BatchOutcome", "BatchRun", "DeviceModels", "Lane", "ModelHost", "split_batch"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 IDLE_POLL_S = 0.5
+
+
+class _Wake:
+    """Put in a lane's inbox when a batch ends on a core slot: queued work may start now."""
+
+
+_WAKE = _Wake()
 _GraphsKey = tuple[str, GraphFormat, int]  # a stage's graphs in one format, by intra-op threads
 
 
@@ -259,12 +276,21 @@ class Lane:
         nice: int = 0,
         slots: int = 1,
         contended: Callable[[int], bool] | None = None,
+        core_slots: int = 1,
+        others_on_cores: Callable[[int], bool] | None = None,
     ) -> None:
-        if slots < 1:
-            raise ValueError(f"a lane needs at least one slot, got {slots}")
+        if slots < 1 or core_slots < 1:
+            raise ValueError(f"a lane needs at least one slot, got {slots} and {core_slots}")
         self.stage = stage
         self.nice = nice
         self.slots = slots
+        # batches run side by side on the host's cores while no other stage has work there
+        # (``others_on_cores(own tasks)`` false); 1: one at a time
+        self.core_slots = core_slots if others_on_cores is not None else 1
+        self._others_on_cores = others_on_cores
+        self._busy = 0  # batches running on core slots
+        self._busy_tasks = 0  # their tasks
+        self._stopping = False
         self.running: dict[int, Any] = {}  # payloads of the batches being run, by id, for stop()
         self._running_lock = threading.Lock()
         self.plugin = plugin
@@ -277,11 +303,16 @@ class Lane:
         self._inputs_for = inputs_for
         self._batching_for = batching_for
         self._report = report
-        self.inbox: queue.SimpleQueue[Dispatch | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Dispatch | _Wake | None] = queue.SimpleQueue()
         self._batchers: dict[str, Batcher[Dispatch]] = {}
+        workers = max(slots, self.core_slots)
         self._pool = (
-            ThreadPoolExecutor(slots, thread_name_prefix=f"hetero-{stage}@{self.device.id}")
-            if slots > 1
+            ThreadPoolExecutor(
+                workers,
+                thread_name_prefix=f"hetero-{stage}@{self.device.id}",
+                initializer=self._lower_priority,
+            )
+            if workers > 1
             else None
         )
         self._thread = threading.Thread(
@@ -301,11 +332,17 @@ class Lane:
                 stop.set()
         self._thread.join()
 
+    def waiting(self) -> int:
+        """Tasks the lane has received and not yet started (read without a lock: a hint)."""
+        return sum(len(b) for b in list(self._batchers.values()))
+
     def _timeout(self) -> float:
         due = [d for b in self._batchers.values() if (d := b.due_at()) is not None]
-        return max(0.0, min(due) - time.monotonic()) if due else IDLE_POLL_S
+        if not due or (self.core_slots > 1 and not self._free_core_slots()):
+            return IDLE_POLL_S  # no slot free: the end of a core slot's batch wakes the lane
+        return max(0.0, min(due) - time.monotonic())
 
-    def _loop(self) -> None:
+    def _lower_priority(self) -> None:
         if self.nice:
             # Linux schedules threads as tasks: a heavy stage's lanes yield the CPU to light
             # stages and to the HTTP loop without a queue of their own having to wait.
@@ -313,12 +350,19 @@ class Lane:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except OSError as err:
                 logger.warning("%s: cannot lower lane priority: %s", self._thread.name, err)
+
+    def _loop(self) -> None:
+        self._lower_priority()
         running = True
         while running or any(len(b) for b in self._batchers.values()):
             if running:
                 running = self._receive(self._timeout())
+                self._stopping = not running
             now = time.monotonic()
             for batcher in list(self._batchers.values()):
+                if self.core_slots > 1:
+                    self._start_on_core_slots(batcher, now)
+                    continue
                 batch = batcher.take(now)
                 if not batch:
                     continue
@@ -328,6 +372,48 @@ class Lane:
                     self._pool.submit(self._run_batch, batch, now)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+    def _start_on_core_slots(self, batcher: Batcher[Dispatch], now: float) -> None:
+        """Start what ``batcher`` has ready on the free core slots: a batch split in as many
+        parts as slots are free (and it has tasks), each part a run of its own."""
+        while (free := self._free_core_slots()) > 0:
+            batch = batcher.take(now)
+            if not batch:
+                return
+            for part in split_batch(batch, free):
+                self._start_on_core_slot(part, now)
+
+    def _free_core_slots(self) -> int:
+        """Batches that may start now on core slots: with none running, one, or one per slot
+        while no other stage has work on these cores; beside running ones, the slots left
+        while no other stage has work there, else none. Flushing on the way out: one."""
+        with self._running_lock:
+            busy, busy_tasks = self._busy, self._busy_tasks
+        if self._stopping:
+            return 1
+        if busy >= self.core_slots:
+            return 0
+        assert self._others_on_cores is not None
+        own = busy_tasks + sum(len(b) for b in self._batchers.values())
+        if self._others_on_cores(own):
+            return 1 if busy == 0 else 0
+        return self.core_slots - busy
+
+    def _start_on_core_slot(self, batch: list[Dispatch], now: float) -> None:
+        assert self._pool is not None
+        with self._running_lock:
+            self._busy += 1
+            self._busy_tasks += len(batch)
+        self._pool.submit(self._run_on_core_slot, batch, now)
+
+    def _run_on_core_slot(self, batch: list[Dispatch], now: float) -> None:
+        try:
+            self._run_batch(batch, now)
+        finally:
+            with self._running_lock:
+                self._busy -= 1
+                self._busy_tasks -= len(batch)
+            self.inbox.put(_WAKE)
 
     def _run_batch(self, batch: list[Dispatch], now: float) -> None:
         try:
@@ -348,9 +434,10 @@ class Lane:
                 for batcher in self._batchers.values():
                     batcher.max_delay_s = 0.0  # flush partial batches on the way out
                 return False
-            for victim in item.load.evict:  # the memory manager's plan, in dispatch order
-                self.models.evict(victim)
-            self._batcher(item.model_key).add(item, time.monotonic())
+            if not isinstance(item, _Wake):  # a wake-up only says a core slot is free
+                for victim in item.load.evict:  # the memory manager's plan, in dispatch order
+                    self.models.evict(victim)
+                self._batcher(item.model_key).add(item, time.monotonic())
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -414,6 +501,19 @@ class Lane:
                 )
             outcomes.append(outcome)
         return outcomes
+
+
+def split_batch(batch: list[T], parts: int) -> list[list[T]]:
+    """``batch`` in up to ``parts`` runs of consecutive tasks, as even in tasks as they go."""
+    parts = max(1, min(parts, len(batch)))
+    size, extra = divmod(len(batch), parts)
+    out: list[list[T]] = []
+    start = 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        out.append(batch[start:end])
+        start = end
+    return out
 
 
 def _items(dispatches: Iterable[Dispatch]) -> int:

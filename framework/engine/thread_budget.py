@@ -17,7 +17,8 @@ shares read, :meth:`CoreSharesMixin.cores_contended`). The copy is loaded by the
 contended batch, so a server that never sees concurrent work never holds it. Only runtimes
 whose threads belong to the loaded graph are narrowed (``threads_per_graph`` in the device's
 properties): torch's intra-op threads are the process's, so a copy with fewer would narrow
-the other copy too.
+the other copy too. While no other stage has work on the cores, the lane runs a batch in parts
+side by side instead, a part per thread (:mod:`.lanes`, core slots).
 """
 
 from __future__ import annotations

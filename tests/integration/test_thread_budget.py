@@ -1,11 +1,13 @@
 """A batch on the host's cores runs with the stage's intra-op threads while the cores have
 nothing else to do, and on a copy of its graphs with half of them while another request shares
-the cores (framework/engine/thread_budget.py); real ONNX Runtime sessions on this CPU, read
-back from the session each run used."""
+the cores (framework/engine/thread_budget.py); a stage whose neighbours have nothing on the
+cores runs a further batch beside its first (the lane's core slots); real ONNX Runtime sessions
+on this CPU, read back from the session each run used."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +30,7 @@ stages:
   held:
     modality: text
     variants:
-      full: {{max_batch: 1}}
+      full: {{max_batch: 2, max_delay_ms: 0}}
   quick:
     modality: text
     variants:
@@ -58,27 +60,38 @@ def _matmul() -> bytes:
 
 class _Recording(StagePlugin):
     """Runs the MatMul and notes the intra-op threads of the session that ran it; a ``gate``
-    holds each run until it is set (the stage stays in flight meanwhile)."""
+    holds each run until it is set (the stage stays in flight meanwhile). Batches of two, so
+    the scheduler hands a lane a second task while its first runs."""
+
+    batchable = True
 
     def __init__(self, name: str, gate: threading.Event | None = None) -> None:
         self.name = name
         self.gate = gate
         self.running = threading.Event()
         self.threads: list[int] = []
+        self.started = threading.Semaphore(0)  # released as each run starts
+        self.ended = threading.Event()  # set once a run has ended
+        self.on_start: list[bool] = []  # per run: what ``watch`` said as it started
+        self.watch: threading.Event | None = None
 
     def graphs(
         self, variant: str = "full", graph_format: GraphFormat | None = None
     ) -> Mapping[str, ComputeGraph]:
-        hint = BandwidthHint(2.0 * WIDTH * WIDTH, 4.0 * WIDTH * WIDTH)
+        hint = BandwidthHint(2.0 * WIDTH * WIDTH, 4.0 * WIDTH * WIDTH, max_batch=2)
         return {"mm": ComputeGraph(f"{self.name}/mm", GraphFormat.ONNX, _matmul(), hint, ("x",))}
 
     def run(self, runner: GraphRunner, variant: str, payloads: Sequence[Any]) -> list[Any]:
         session = runner.native("mm")
         self.threads.append(session.get_session_options().intra_op_num_threads)
+        self.on_start.append(self.watch is not None and self.watch.is_set())
         self.running.set()
+        self.started.release()
         if self.gate is not None:
             assert self.gate.wait(timeout=60), "the test never opened the gate"
-        return [runner.run("mm", {"x": np.asarray(p, np.float32)})["y"] for p in payloads]
+        out = [runner.run("mm", {"x": np.asarray(p, np.float32)})["y"] for p in payloads]
+        self.ended.set()
+        return out
 
 
 @pytest.fixture
@@ -89,6 +102,8 @@ def plugins() -> tuple[_Recording, _Recording]:
 @pytest.fixture
 def engine(plugins: tuple[_Recording, _Recording]) -> Iterator[Engine]:
     held, quick = plugins
+    quick.gate = quick.gate or threading.Event()
+    quick.gate.set()  # open unless a test closes it
     policy = load_policy_text(POLICY, "thread-budget.yaml")
     with Engine(
         policy,
@@ -99,8 +114,9 @@ def engine(plugins: tuple[_Recording, _Recording]) -> Iterator[Engine]:
     ) as running:
         running.warm_up()
         yield running
-        assert held.gate is not None
-        held.gate.set()  # a failed assertion must not leave a run held while the engine closes
+        for plugin in plugins:  # a failed assertion must not leave a run held while closing
+            assert plugin.gate is not None
+            plugin.gate.set()
 
 
 def _x() -> np.ndarray:
@@ -153,3 +169,59 @@ def test_each_thread_count_is_a_copy_and_evicting_the_variant_releases_both() ->
         assert backend.loaded_models(ORT_CPU) == ()  # both released
     finally:
         models.close()
+
+
+def _started(plugin: _Recording) -> None:
+    assert plugin.started.acquire(timeout=60), f"no run of {plugin.name} started"
+
+
+def test_a_stage_alone_on_the_cores_runs_a_second_batch_beside_its_first(
+    engine: Engine, plugins: tuple[_Recording, _Recording]
+) -> None:
+    held, _ = plugins
+    first = engine.submit_stage("held", _x())  # held in its run until the gate opens
+    _started(held)
+    second = engine.submit_stage("held", _x())  # max_batch 1: a batch of its own
+    _started(held)  # it started while the first was still running: a second core slot
+    assert not held.ended.is_set()
+    assert held.threads == [THREADS, narrow_threads(THREADS)]  # beside the first: half
+    assert held.gate is not None
+    held.gate.set()
+    first.result(timeout=60)
+    second.result(timeout=60)
+
+
+def test_a_further_batch_waits_while_another_stage_has_work_on_the_cores(
+    engine: Engine, plugins: tuple[_Recording, _Recording]
+) -> None:
+    held, quick = plugins
+    assert quick.gate is not None and held.gate is not None
+    quick.gate.clear()
+    other = engine.submit_stage("quick", _x())  # another stage's run, held on the cores
+    _started(quick)
+    first = engine.submit_stage("held", _x())  # a lane's first batch always runs
+    _started(held)
+    held.watch = quick.ended  # each further held run notes whether quick's had ended
+    second = engine.submit_stage("held", _x())
+    lane = engine._lanes[("held", ORT_CPU)]
+    deadline = time.monotonic() + 60
+    while lane.waiting() != 1:  # received by the lane and kept back
+        assert time.monotonic() < deadline, "the lane never received the second request"
+        time.sleep(0.001)
+    quick.gate.set()
+    other.result(timeout=60)
+    _started(held)  # beside the first (still held), once quick's work left the cores
+    assert held.on_start == [False, True]
+    assert not held.ended.is_set()
+    held.gate.set()
+    first.result(timeout=60)
+    second.result(timeout=60)
+
+
+def test_a_batch_is_split_in_consecutive_runs_as_even_as_they_go() -> None:
+    from hetero.framework.engine.lanes import split_batch
+
+    assert split_batch([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    assert split_batch([1, 2, 3, 4], 2) == [[1, 2], [3, 4]]
+    assert split_batch([1], 2) == [[1]]  # one task: one run, however many slots are free
+    assert split_batch([1, 2, 3], 1) == [[1, 2, 3]]
