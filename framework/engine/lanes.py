@@ -15,8 +15,8 @@ A stage on the host's cores whose runs can be narrowed (:mod:`.thread_budget`) g
 intra-op thread it may use (``core_slots``), used only while no other stage has work on those
 cores: one batch always runs; while the cores are otherwise free, a batch is split in as many
 runs as slots are free, and a task that arrives starts beside the runs already going. On the
-two-core bench machine two one-thread runs of a model side by side did 22 % more work than one
-run with two threads (embeddings: 67 against 55 runs a second). Without the slots, a stage
+two-core bench machine one-thread runs side by side kept their speed alone, about 1.2x the work
+of one run with two threads (docs/scheduler.md, "Core slots"). Without the slots, a stage
 whose neighbour sat idle ran its narrowed batches on one core while the other idled: the server
 used 1.5 of the 2 cores at concurrency 8 against FastAPI's 1.8, and with them 1.6.
 """
