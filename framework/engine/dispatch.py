@@ -107,7 +107,7 @@ class Dispatcher:
                 threads = self.engine._threads.get(stage, 0)
                 scheduler = self.engine.scheduler
                 # on the host's cores: fewer threads while contended, a batch per thread
-                # side by side while no other stage has work there (:mod:`.thread_budget`)
+                # side by side while nothing else runs there (:mod:`.thread_budget`)
                 shares_cores = narrows(device, threads)
                 lane = Lane(
                     stage,
@@ -124,9 +124,6 @@ class Dispatcher:
                     if shares_cores
                     else None,
                     core_slots=threads if shares_cores else 1,
-                    others_on_cores=partial(scheduler.others_on_cores, device_id)
-                    if shares_cores
-                    else None,
                 )
                 self.engine._lanes[(stage, device_id)] = lane
             return lane

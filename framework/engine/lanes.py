@@ -277,17 +277,15 @@ class Lane:
         slots: int = 1,
         contended: Callable[[int], bool] | None = None,
         core_slots: int = 1,
-        others_on_cores: Callable[[int], bool] | None = None,
     ) -> None:
         if slots < 1 or core_slots < 1:
             raise ValueError(f"a lane needs at least one slot, got {slots} and {core_slots}")
         self.stage = stage
         self.nice = nice
         self.slots = slots
-        # batches run side by side on the host's cores while no other stage has work there
-        # (``others_on_cores(own tasks)`` false); 1: one at a time
-        self.core_slots = core_slots if others_on_cores is not None else 1
-        self._others_on_cores = others_on_cores
+        # batches run side by side on the host's cores while nothing else is in flight there
+        # (``contended(own tasks)`` false); 1: one at a time
+        self.core_slots = core_slots if contended is not None else 1
         self._busy = 0  # batches running on core slots
         self._busy_tasks = 0  # their tasks
         self._stopping = False
@@ -393,9 +391,9 @@ class Lane:
             return 1
         if busy >= self.core_slots:
             return 0
-        assert self._others_on_cores is not None
+        assert self._contended is not None
         own = busy_tasks + sum(len(b) for b in self._batchers.values())
-        if self._others_on_cores(own):
+        if self._contended(own):
             return 1 if busy == 0 else 0
         return self.core_slots - busy
 

@@ -11,14 +11,17 @@ an item against 12.6-14.4 with one thread each; yet one request at a time, alone
 faster with two threads (vision: 13.4 against 17.4 ms). Neither count is right for both.
 
 So a lane runs a batch on the stage's threads while its compute resource is otherwise idle,
-and on a copy of its graphs with half the threads while the resource is contended: another
-request live in the engine, or other tasks in flight on the same cores (the signal the core
-shares read, :meth:`CoreSharesMixin.cores_contended`). The copy is loaded by the first
-contended batch, so a server that never sees concurrent work never holds it. Only runtimes
-whose threads belong to the loaded graph are narrowed (``threads_per_graph`` in the device's
-properties): torch's intra-op threads are the process's, so a copy with fewer would narrow
-the other copy too. While no other stage has work on the cores, the lane runs a batch in parts
-side by side instead, a part per thread (:mod:`.lanes`, core slots).
+and on a copy of its graphs with half the threads while the resource is contended: other
+tasks in flight on the same cores (:meth:`CoreSharesMixin.cores_contended`). The copy is loaded
+by the first contended batch, so a server that never sees concurrent work never holds it. Only
+runtimes whose threads belong to the loaded graph are narrowed (``threads_per_graph`` in the
+device's properties): torch's intra-op threads are the process's, so a copy with fewer would
+narrow the other copy too. While nothing else is in flight on the cores, the lane runs a batch
+in parts side by side instead, a part per thread (:mod:`.lanes`, core slots), each part then
+contended by the others. Until the tenth session another live request contended too (the HTTP
+work of other requests); with core slots that left a core idle whenever one stage had work and
+the other none, and dropping it gave 6-10 % more requests a second at concurrency 8 and 32
+(docs/scheduler.md, "Core slots").
 """
 
 from __future__ import annotations

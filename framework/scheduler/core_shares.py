@@ -111,15 +111,11 @@ class CoreSharesMixin(SchedulerState):
 
     def cores_contended(self, device_id: str, own_tasks: int) -> bool:
         """Whether other work shares ``device_id``'s compute resource with a batch of
-        ``own_tasks`` tasks: another request live, or more tasks in flight on the resource
-        than the batch's (the notion of busy placement weighs shares by). Read by a lane
-        without the engine's lock: a hint, as fresh as the last dispatch."""
-        return self.requests_live > 1 or self.others_on_cores(device_id, own_tasks)
-
-    def others_on_cores(self, device_id: str, own_tasks: int) -> bool:
-        """Whether ``device_id``'s compute resource holds more tasks in flight (dispatched and
-        not yet done, of any stage and runtime there) than ``own_tasks``: other work has, or
-        is about to have, those cores. Read without the engine's lock: a hint."""
+        ``own_tasks`` tasks: more tasks in flight there (dispatched and not yet done, of any
+        stage and runtime on those cores) than the batch's own. Another live request alone
+        does not count (its HTTP work is not a run): narrowing for it left a core idle
+        whenever one stage had work and the other none. Read by a lane without the engine's
+        lock: a hint, as fresh as the last dispatch."""
         groups, in_flight = self._compute_group, self.in_flight
         index = self.fleet.index.get(device_id)
         if index is None or index >= len(groups) or len(groups) != len(in_flight):

@@ -1,5 +1,5 @@
 """A batch on the host's cores runs with the stage's intra-op threads while the cores have
-nothing else to do, and on a copy of its graphs with half of them while another request shares
+nothing else to do, and on a copy of its graphs with half of them while another task shares
 the cores (framework/engine/thread_budget.py); a stage whose neighbours have nothing on the
 cores runs a further batch beside its first (the lane's core slots); real ONNX Runtime sessions
 on this CPU, read back from the session each run used."""
@@ -123,7 +123,7 @@ def _x() -> np.ndarray:
     return np.ones((1, WIDTH), np.float32)
 
 
-def test_a_run_alone_keeps_the_threads_and_one_beside_another_request_gets_half(
+def test_a_run_alone_keeps_the_threads_and_one_beside_another_stages_run_gets_half(
     engine: Engine, plugins: tuple[_Recording, _Recording]
 ) -> None:
     held, quick = plugins

@@ -171,14 +171,16 @@ def test_another_live_request_makes_the_cores_busy_between_its_tasks(
     assert _place(scheduler, "embed").device_id == choice
 
 
-def test_cores_are_contended_by_other_tasks_on_them_or_another_live_request() -> None:
+def test_cores_are_contended_by_other_tasks_on_them_not_by_a_live_request() -> None:
     scheduler = _scheduler(None)
     assert not scheduler.cores_contended(FAST, 1)  # the control: nothing else anywhere
     _place(scheduler, "embed")  # one task in flight on the host's cores
     assert not scheduler.cores_contended(FAST, 1)  # ... which is the batch asking
     assert scheduler.cores_contended(LEAN, 0)  # another runtime of the same cores asks
     scheduler.requests_live = 2
-    assert scheduler.cores_contended(FAST, 1)  # another request is live
+    assert not scheduler.cores_contended(FAST, 1)  # a live request runs nothing on the cores
+    _place(scheduler, "embed")
+    assert scheduler.cores_contended(FAST, 1)  # a second task in flight does
 
 
 def test_tasks_on_another_host_do_not_contend() -> None:
