@@ -57,6 +57,7 @@ class _Wake:
 
 
 _WAKE = _Wake()
+
 _GraphsKey = tuple[str, GraphFormat, int]  # a stage's graphs in one format, by intra-op threads
 
 
