@@ -315,7 +315,8 @@ class Backend(abc.ABC):
 
     def model_host(self, device: DeviceSpec) -> Any:
         """Where ``device``'s models are held and its stages' batches run, when that is not
-        this process (an ``engine.lanes.ModelHost``); only where ``supports_model_hosts``."""
+        this process (an ``engine.device_models.ModelHost``); only where
+        ``supports_model_hosts``."""
         raise UnsupportedCapabilityError(f"{self.name}: models are held in this process")
 
     def poll_membership(self) -> list[DeviceSpec]:

@@ -28,7 +28,7 @@ from hetero.framework.cluster.lane_start import assigned_gpus, visible_device
 from hetero.framework.cluster.reap import Lease, start_reaper
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, RayOutput, RayOutputs, collect
 from hetero.framework.cluster.streams import PieceQueue
-from hetero.framework.engine.lanes import DeviceModels
+from hetero.framework.engine.device_models import DeviceModels
 from hetero.framework.graph import GraphFormat
 from hetero.framework.registry import Registry, default_registry
 from hetero.framework.stage_plugin import StagePlugin

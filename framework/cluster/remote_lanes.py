@@ -1,5 +1,6 @@
-"""The front door's side of a Ray node's device: a :class:`~hetero.framework.engine.lanes.ModelHost`
-whose lanes run in one actor on that node.
+"""The front door's side of a Ray node's device: a
+:class:`~hetero.framework.engine.device_models.ModelHost` whose lanes run in one actor on that
+node.
 
 One :class:`~hetero.framework.cluster.lane_actor.LaneActor` per device, made when the engine
 first loads or runs a stage there, pinned to the device's node by node affinity (``soft=False``)
@@ -33,7 +34,7 @@ from hetero.framework.cluster.lane_start import (
 from hetero.framework.cluster.stand_ins import CONTROL_GROUP, KeptBatch, sources, stand_in
 from hetero.framework.cluster.stream_calls import follow
 from hetero.framework.cluster.streams import on_wire
-from hetero.framework.engine.lanes import BatchRun
+from hetero.framework.engine.device_models import BatchRun
 from hetero.framework.errors import InputLostError
 from hetero.framework.graph import GraphFormat
 from hetero.framework.stage_plugin import StagePlugin

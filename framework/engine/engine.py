@@ -21,15 +21,12 @@ from typing import Any
 from hetero.framework.backend import Backend
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.admitting import Admitter
+from hetero.framework.engine.device_models import DeviceModels, ModelHost
 from hetero.framework.engine.dispatch import Dispatcher
 from hetero.framework.engine.fills import CacheFills
 from hetero.framework.engine.graph_runner import GraphRunner
 from hetero.framework.engine.graph_stage import GraphStage
-from hetero.framework.engine.lanes import (
-    DeviceModels,
-    Lane,
-    ModelHost,
-)
+from hetero.framework.engine.lanes import Lane
 from hetero.framework.engine.metrics import Metrics
 from hetero.framework.engine.outcomes import Outcomes
 from hetero.framework.engine.request_graph import FeatureStore, RequestGraph

@@ -19,7 +19,7 @@ import pytest
 from hetero.framework.backend import Arrays, Backend, Executable, LoadedModel
 from hetero.framework.devices import DeviceClass, DeviceSpec, Telemetry
 from hetero.framework.engine import Engine
-from hetero.framework.engine.lanes import BatchRun
+from hetero.framework.engine.device_models import BatchRun
 from hetero.framework.engine.outcomes import MAX_INPUT_REDOS
 from hetero.framework.errors import InputLostError
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat

@@ -154,7 +154,7 @@ def test_only_runtimes_whose_threads_are_the_graphs_own_are_narrowed() -> None:
 
 
 def test_each_thread_count_is_a_copy_and_evicting_the_variant_releases_both() -> None:
-    from hetero.framework.engine.lanes import DeviceModels
+    from hetero.framework.engine.device_models import DeviceModels
 
     backend = Registry().backend("npu")
     models = DeviceModels(backend, backend.device(ORT_CPU))

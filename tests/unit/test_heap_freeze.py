@@ -70,7 +70,7 @@ def test_evicting_a_model_from_a_device_collects_it_in_a_frozen_server() -> None
     from typing import Any
 
     from hetero.framework.devices import DeviceSpec
-    from hetero.framework.engine.lanes import DeviceModels
+    from hetero.framework.engine.device_models import DeviceModels
     from hetero.framework.graph import GraphFormat
 
     backend: Any = _Backend()
