@@ -22,6 +22,11 @@ So the runner-up is measured in service, a batch at a time:
   Where warm-up measured the runtimes' core shares, a trial starts only while the cores run
   nothing else (:mod:`~hetero.framework.scheduler.core_shares`): a trial's wall time is
   the probe's measure, and beside other work it rewards the runtime that takes more cores.
+  Its period then counts only batches that ran alone, from the last one that did not: the
+  preferred runtime's correction, which the trial is judged against, is learnt from every
+  batch, and right after a busy spell it still holds the load's level, against which a
+  runner-up timed alone looked faster than it is (on the bench, a stage moved to the
+  runtime 6 % slower alone at concurrency 1 after every point at 32).
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
   batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
   or fits in free memory: a trial never evicts), of the size the preferred one last ran and at
@@ -204,15 +209,19 @@ class ExploringMixin(CoreSharesMixin):
         off), start a trial of the runner-up if it may be faster (module docstring)."""
         group = int(self._compute_group[index])
         record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
+        stage = tables.costs.key.split("/", 1)[0]
+        if stage in self._core_weights and not self._ran_alone(tables, index):
+            # a trial times a runtime as warm-up's probe did, alone: while the cores run other
+            # work too, a batch's wall time rewards the runtime that takes more of them, and
+            # the core shares rank the runtimes there (core_shares.py); tried when idle, and
+            # judged against the preferred runtime's correction learnt while idle: the period
+            # starts again, so a trial waits for a period of batches run alone (the correction
+            # then forgot the load's level, ``measured_smoothing``)
+            record.batches = 0
+            return
         batch_size = max(1, batch_size)
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
         if record.batches < record.period:
-            return
-        stage = tables.costs.key.split("/", 1)[0]
-        if stage in self._core_weights and self._busy_groups().any():
-            # a trial times a runtime as warm-up's probe did, alone: while the cores run other
-            # work too, a batch's wall time rewards the runtime that takes more of them, and
-            # the core shares rank the runtimes there (core_shares.py); tried when idle
             return
         trials = self._trials.setdefault(tables.costs.key, {})
         members = np.flatnonzero(self._compute_group == group)
@@ -238,6 +247,14 @@ class ExploringMixin(CoreSharesMixin):
             trials[runner_up] = _Trial(
                 runner_up, index, tasks, warming, left=1 if warming else tasks
             )
+
+    def _ran_alone(self, tables: StageTables, index: int) -> bool:
+        """Whether nothing but the model's own tasks on device ``index`` (the rest of the
+        batch that just finished a task there) is in flight anywhere, and no other request is
+        live: the cores ran the batch alone, as warm-up's probe did."""
+        if self.requests_live > 1:
+            return False
+        return float(self.in_flight.sum()) <= float(tables.pending[index])
 
     def _runner_up(
         self, tables: StageTables, index: int, members: np.ndarray, batch_size: int

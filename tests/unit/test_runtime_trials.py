@@ -299,3 +299,33 @@ def test_a_trial_takes_several_tasks_and_one_outlier_does_not_decide_it() -> Non
     first_trial = ran[ran.index(RUNNER_UP) :]
     assert first_trial[: 1 + TRIAL_TASKS] == [RUNNER_UP] * (1 + TRIAL_TASKS)  # warming + 4
     assert ran[-2:] == [RUNNER_UP] * 2
+
+
+def test_after_a_busy_spell_a_trial_is_judged_against_the_preferred_runtime_alone() -> None:
+    """While another request was live the preferred runtime ran 2x its warm-up figure (its
+    correction, shared with the runner-up's, learnt that level); alone again it runs at its
+    figure. The runner-up, 1.2x slower by the probes and 1.06x slower alone in truth, is
+    within the probes' spread, so it is tried while the cores are idle. Judged right after
+    the load, against the preferred runtime's correction still near the load's level, it
+    looked faster and took most of the model's tasks; a trial now waits for a period of
+    batches run alone, and it gets only its trials. The control: a runner-up faster alone
+    still takes over."""
+    rounds = 4 * EXPLORE_EVERY
+    for pace in (0.88, 0.6):
+        scheduler = _scheduler()
+        scheduler.probe_spread("embed", FIRST, 1.3)
+        for device in (FIRST, RUNNER_UP):  # alike: the busy weights rank them as idle
+            scheduler.probe_core_share("embed", device, 1.0)
+        scheduler.requests_live = 2
+        busy = _run_batches(scheduler, 2 * EXPLORE_EVERY, {FIRST: 2.0, RUNNER_UP: 2.0 * pace})
+        assert set(busy) == {FIRST}  # nothing is tried while the cores run other work
+        scheduler.requests_live = 1
+        alone = _run_batches(scheduler, rounds, {FIRST: 1.0, RUNNER_UP: pace})
+        assert alone[:EXPLORE_EVERY] == [FIRST] * EXPLORE_EVERY  # a period alone first
+        tried = alone.count(RUNNER_UP)
+        if pace > 1 / 1.2:  # slower alone: a warming task and a trial per period, no more
+            assert 0 < tried <= 1 + TRIAL_TASKS * (rounds // EXPLORE_EVERY)
+            assert alone[-2:] == [FIRST] * 2
+        else:
+            assert tried > len(alone) // 2
+            assert alone[-2:] == [RUNNER_UP] * 2
