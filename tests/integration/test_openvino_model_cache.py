@@ -4,12 +4,13 @@ OpenVINO on this CPU."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from hetero.framework.executors.openvino_executor import OpenVinoExecutor
+from hetero.framework.executors.openvino_executor import OpenVinoExecutor, cpu_streams
 
 
 def _onnx() -> bytes:
@@ -56,9 +57,17 @@ def test_a_cache_folder_that_cannot_be_made_compiles_every_time(tmp_path: Path) 
     assert _run(executor, _onnx()).shape == (1, 32)
 
 
-def test_a_cpu_model_keeps_its_threads_and_leaves_them_unpinned() -> None:
+def test_a_cpu_model_keeps_its_threads_per_run_and_leaves_them_unpinned() -> None:
+    """A run takes the threads asked for, and as many runs as the cores hold go side by side
+    (a stream each: one stream runs one request at a time); the whole-core model has one."""
     executor = OpenVinoExecutor()
+    cores = len(os.sched_getaffinity(0))
     compiled = executor.compile(executor.read(_onnx()), "CPU", threads=1).compiled
-    assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    streams = int(compiled.get_property("NUM_STREAMS"))
+    assert streams == cpu_streams(1) == cores
+    assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == streams  # one per run
+    whole = executor.compile(executor.read(_onnx()), "CPU", threads=cores).compiled
+    assert int(whole.get_property("NUM_STREAMS")) == 1
+    assert int(whole.get_property("INFERENCE_NUM_THREADS")) == cores
     # pinned, two one-thread models side by side can share one core (the compile docstring)
     assert compiled.get_property("ENABLE_CPU_PINNING") is False
