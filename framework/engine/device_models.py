@@ -171,9 +171,21 @@ class DeviceModels:
     def evict(self, model_key: str) -> None:
         """Forget ``model_key``; its graphs (each copy) are unloaded once no variant uses
         them."""
+        self._release(model_key, None)
+
+    def release_copy(self, model_key: str, threads: int) -> None:
+        """Unload the copy of ``model_key``'s graphs with ``threads`` intra-op threads (one
+        that warm-up timed) once no other variant uses it; its other copies stay."""
+        self._release(model_key, threads)
+
+    def _release(self, model_key: str, threads: int | None) -> None:
+        """Drop ``model_key``'s use of its copies (those with ``threads`` threads; None:
+        all), unloading each copy no variant uses any more."""
         released: list[tuple[_GraphsKey, LoadedGraphs]] = []
         with self._lock:
-            for key in self._keys_of.pop(model_key, set()):
+            keys = self._keys_of.get(model_key, set())
+            for key in [k for k in keys if threads is None or k[2] == threads]:
+                keys.discard(key)
                 users = self._users.get(key, set())
                 users.discard(model_key)
                 if users:
@@ -182,6 +194,8 @@ class DeviceModels:
                 self._users.pop(key, None)
                 if loaded is not None:
                     released.append((key, loaded))
+            if not keys:
+                self._keys_of.pop(model_key, None)
         for key, loaded in released:
             try:
                 loaded.unload()

@@ -11,10 +11,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
+from hetero.framework.engine.device_models import DeviceModels
 from hetero.framework.engine.status import (
     Progress,
     describe_failure,
 )
+from hetero.framework.engine.thread_budget import narrow_threads, narrows
 from hetero.framework.errors import (
     NoEligibleDeviceError,
 )
@@ -35,8 +37,12 @@ EXTRA_PROBE_RUNS = 12
 LOAD_ITEMS = 0.0
 # The calibration key's size for the spread of a probe's timed runs (slowest over fastest).
 SPREAD_ITEMS = -1.0
-# The calibration key's size for the share of the host's cores a probe kept busy.
-CORE_SHARE_ITEMS = -2.0
+# The calibration key's size for the share of the host's cores a probe kept busy (-2.0 until
+# 2026-12-07: process CPU time over a run alone, no longer read).
+CORE_SHARE_ITEMS = -3.0
+# Timed runs of a runtime's copy with fewer threads (WarmUp._narrow_share), after one untimed:
+# a fresh ONNX Runtime copy of the vision encoder ran its first three 15-17 ms, then 12-13.
+NARROW_RUNS = 6
 
 
 class WarmUp:
@@ -172,7 +178,9 @@ class WarmUp:
                 if seconds > 0:  # how far apart its runs were: what a probe cannot tell apart
                     spread = max(runs[:PROBE_RUNS]) / min(runs[:PROBE_RUNS])
                     self._spread(stage, device_id, probe, spread, keep=True)
-                share = self._core_share(device_id, busy.get(device_id, []))
+                share = self._narrow_share(stage, device_id, probe, seconds)
+                if share is None:
+                    share = self._core_share(device_id, busy.get(device_id, []))
                 if share is not None:
                     self._share(stage, device_id, probe, share, keep=True)
         if errors:  # placement leaves out the devices that could not run it
@@ -304,6 +312,41 @@ class WarmUp:
         if busy < 0.5:
             return None
         return min(1.0, busy / (len(os.sched_getaffinity(0)) or 1))
+
+    def _narrow_share(self, stage: str, device_id: str, probe: Any, alone_s: float) -> float | None:
+        """For a runtime whose contended batches run on a copy with fewer threads
+        (:mod:`.thread_budget`): the share of the host's cores such a run takes for each
+        second the stage's own threads take alone (the copy's threads times its best of
+        :data:`NARROW_RUNS` runs, over ``alone_s`` times the cores). While other work runs
+        on the cores, a batch of this runtime runs on that copy, and the core time it takes
+        is what placement weighs there (:mod:`~hetero.framework.scheduler.core_shares`);
+        process CPU time over a run alone also counts threads waiting for each other. The
+        copy is given back (the first contended batch loads it again). None where no such
+        copy runs (another runtime, another host, one thread) or it failed."""
+        device = self.engine._device_by_id[device_id]
+        threads = self.engine._threads.get(stage, 0)
+        host = self.engine.models[device_id]
+        graph_format = self.engine.format_for(stage, device_id)
+        if alone_s <= 0 or graph_format is None or not isinstance(host, DeviceModels):
+            return None
+        if not narrows(device, threads):
+            return None
+        narrow, key, plugin = narrow_threads(threads), f"{stage}/full", self.engine.plugins[stage]
+        try:
+            host.run_batch(plugin, key, graph_format, narrow, [probe])  # loads it, lazy set-up
+            runs = [
+                host.run_batch(plugin, key, graph_format, narrow, [probe]).run_s
+                for _ in range(NARROW_RUNS)
+            ]
+        except Exception as err:
+            logger.warning(
+                "stage %s: timing %s on %d thread(s) failed: %s", stage, device_id, narrow, err
+            )
+            return None
+        finally:
+            host.release_copy(key, narrow)
+        cores = len(os.sched_getaffinity(0)) or 1
+        return min(1.0, narrow * min(runs) / (alone_s * cores))
 
     def _share(self, stage: str, device_id: str, probe: Any, share: float, *, keep: bool) -> None:
         """Tell the scheduler the share of the host's cores the probe on ``device_id`` kept

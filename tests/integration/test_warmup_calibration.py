@@ -18,6 +18,7 @@ from hetero.backends.npu import NpuBackend
 from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
 from hetero.framework.engine.calibration import CalibrationStore
+from hetero.framework.engine.device_models import DeviceModels
 from hetero.framework.engine.warmup import CORE_SHARE_ITEMS, PROBE_RUNS, SPREAD_ITEMS, WarmUp
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
@@ -109,14 +110,20 @@ class RebuiltStage(ProbedStage):
 
 
 def _start(
-    store: CalibrationStore, plugin: StagePlugin | None = None
+    store: CalibrationStore, plugin: StagePlugin | None = None, threads: int = 0
 ) -> tuple[Engine, dict[str, int], dict[str, int]]:
-    """Warm an engine up with ``store``; its status, and the loads and runs per device."""
+    """Warm an engine up with ``store`` (the stage on ``threads`` intra-op threads; 0: the
+    runtimes' own choice); its status, and the loads and runs per device."""
     registry = Registry(use_entry_points=False)
     registry.register_backend("npu", lambda: Detection.found("npu", CountingBackend))
     CountingBackend.loads, CountingBackend.runs, CountingBackend.order = {}, {}, []
     policy = load_policy_text(POLICY, "calibrated.yaml")
-    engine = Engine(policy, registry, plugins={"encode": plugin or ProbedStage()})
+    engine = Engine(
+        policy,
+        registry,
+        plugins={"encode": plugin or ProbedStage()},
+        threads={"encode": threads} if threads else None,
+    )
     engine.warmer.calibrations = store
     engine.start()
     assert engine.warm_up() == {}
@@ -252,3 +259,30 @@ def test_the_runtime_leaner_on_busy_cores_is_not_idle_and_not_loaded_yet(
         assert second.scheduler.core_share_of("encode", ORT) == ort_share
     finally:
         second.close()
+
+
+@pytest.mark.parametrize("threads", [2, 1])
+def test_a_runtime_narrowed_under_contention_is_timed_on_its_narrow_copy_too(
+    tmp_path: Path, threads: int
+) -> None:
+    """A stage on two threads runs contended batches on a one-thread copy
+    (engine.thread_budget): warm-up times that copy on each runtime as well, keeps the share it
+    gives, and gives the copy back, so the best runtime holds only the stage's own copy. The
+    control: a stage on one thread has no narrower copy, and each runtime loads once."""
+    path = tmp_path / "calibration.json"
+    engine, loads, _ = _start(CalibrationStore(path), threads=threads)
+    try:
+        copies = 2 if threads > 1 else 1
+        assert loads == {ORT: copies, OPENVINO: copies}
+        (best,) = [d for d in (ORT, OPENVINO) if engine.models[d].resident("encode/full")]
+        host = engine.models[best]
+        assert isinstance(host, DeviceModels)
+        assert [key[2] for key in host._loaded] == [threads]  # the narrow copy went back
+        kept = json.loads(path.read_text())
+        shares = [v for k, v in kept.items() if k.split("|")[6] == repr(CORE_SHARE_ITEMS)]
+        assert len(shares) == 2 and all(0.0 < share <= 1.0 for share in shares)
+    finally:
+        engine.close()
+    again, loads, _ = _start(CalibrationStore(path), threads=threads)  # kept: none timed again
+    again.close()
+    assert loads == {best: 1}
