@@ -8,7 +8,9 @@ and keeps 0.99 of the cores busy against 0.81. Alone the faster one is right; wh
 model runs on the same cores, the cores are the bottleneck, and a run's cost is the core time
 it takes from the work beside it: there the 3 % faster runtime costs 18 % more.
 
-So a runtime's **core share** (measured at warm-up, kept with its timing) weighs its compute
+So a runtime's **core share** (measured at warm-up, kept with its timing: for a runtime whose
+contended batches run on a copy with fewer threads, from that copy's timing; otherwise from
+the process's CPU time over its run alone: ``engine.warmup``) weighs its compute
 estimate while the compute resource is busy (a task of any stage in flight on one of its
 devices, or another request live in the engine: between its tasks and while its answer is
 written, a request's host work, HTTP, JSON and pre-processing, runs on the same cores): by its
