@@ -4,19 +4,16 @@
 from __future__ import annotations
 
 import logging
-import os
-import statistics
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from hetero.framework.engine.calibration import CalibrationKey, CalibrationStore
-from hetero.framework.engine.device_models import DeviceModels
+from hetero.framework.engine.share_probes import narrow_share, process_share
 from hetero.framework.engine.status import (
     Progress,
     describe_failure,
 )
-from hetero.framework.engine.thread_budget import narrow_threads, narrows
 from hetero.framework.errors import (
     NoEligibleDeviceError,
 )
@@ -40,9 +37,6 @@ SPREAD_ITEMS = -1.0
 # The calibration key's size for the share of the host's cores a probe kept busy (-2.0 until
 # 2026-12-07: process CPU time over a run alone, no longer read).
 CORE_SHARE_ITEMS = -3.0
-# Timed runs of a runtime's copy with fewer threads (WarmUp._narrow_share), after one untimed:
-# a fresh ONNX Runtime copy of the vision encoder ran its first three 15-17 ms, then 12-13.
-NARROW_RUNS = 6
 
 
 class WarmUp:
@@ -178,7 +172,7 @@ class WarmUp:
                 if seconds > 0:  # how far apart its runs were: what a probe cannot tell apart
                     spread = max(runs[:PROBE_RUNS]) / min(runs[:PROBE_RUNS])
                     self._spread(stage, device_id, probe, spread, keep=True)
-                share = self._narrow_share(stage, device_id, probe, seconds)
+                share = narrow_share(self.engine, stage, device_id, probe, seconds)
                 if share is None:
                     share = self._core_share(device_id, busy.get(device_id, []))
                 if share is not None:
@@ -299,54 +293,8 @@ class WarmUp:
             self.calibrations.put(key, spread)
 
     def _core_share(self, device_id: str, cores_busy: list[float]) -> float | None:
-        """The share of the host's cores a probe on ``device_id`` kept busy (the median of
-        its runs' process CPU time over wall time, over the cores this process may use);
-        None for a device that does not compute on the host's cores, or whose runs kept less
-        than half a core of this process busy: its work ran in another process (a worker, a
-        remote node), where this process's CPU time does not see it. Warm-up runs one probe
-        at a time, so the process's CPU time is the probe's own."""
-        device = self.engine._device_by_id[device_id]
-        if not device.on_host_cores or not cores_busy:
-            return None
-        busy = statistics.median(cores_busy)
-        if busy < 0.5:
-            return None
-        return min(1.0, busy / (len(os.sched_getaffinity(0)) or 1))
-
-    def _narrow_share(self, stage: str, device_id: str, probe: Any, alone_s: float) -> float | None:
-        """For a runtime whose contended batches run on a copy with fewer threads
-        (:mod:`.thread_budget`): the share of the host's cores such a run takes for each
-        second the stage's own threads take alone (the copy's threads times its best of
-        :data:`NARROW_RUNS` runs, over ``alone_s`` times the cores). While other work runs
-        on the cores, a batch of this runtime runs on that copy, and the core time it takes
-        is what placement weighs there (:mod:`~hetero.framework.scheduler.core_shares`);
-        process CPU time over a run alone also counts threads waiting for each other. The
-        copy is given back (the first contended batch loads it again). None where no such
-        copy runs (another runtime, another host, one thread) or it failed."""
-        device = self.engine._device_by_id[device_id]
-        threads = self.engine._threads.get(stage, 0)
-        host = self.engine.models[device_id]
-        graph_format = self.engine.format_for(stage, device_id)
-        if alone_s <= 0 or graph_format is None or not isinstance(host, DeviceModels):
-            return None
-        if not narrows(device, threads):
-            return None
-        narrow, key, plugin = narrow_threads(threads), f"{stage}/full", self.engine.plugins[stage]
-        try:
-            host.run_batch(plugin, key, graph_format, narrow, [probe])  # loads it, lazy set-up
-            runs = [
-                host.run_batch(plugin, key, graph_format, narrow, [probe]).run_s
-                for _ in range(NARROW_RUNS)
-            ]
-        except Exception as err:
-            logger.warning(
-                "stage %s: timing %s on %d thread(s) failed: %s", stage, device_id, narrow, err
-            )
-            return None
-        finally:
-            host.release_copy(key, narrow)
-        cores = len(os.sched_getaffinity(0)) or 1
-        return min(1.0, narrow * min(runs) / (alone_s * cores))
+        """:func:`~.share_probes.process_share` of ``device_id``'s probe runs."""
+        return process_share(self.engine._device_by_id[device_id], cores_busy)
 
     def _share(self, stage: str, device_id: str, probe: Any, share: float, *, keep: bool) -> None:
         """Tell the scheduler the share of the host's cores the probe on ``device_id`` kept
