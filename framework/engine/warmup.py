@@ -35,8 +35,9 @@ LOAD_ITEMS = 0.0
 # The calibration key's size for the spread of a probe's timed runs (slowest over fastest).
 SPREAD_ITEMS = -1.0
 # The calibration key's size for the share of the host's cores a probe kept busy (-2.0 until
-# 2026-12-07: process CPU time over a run alone, no longer read).
-CORE_SHARE_ITEMS = -3.0
+# 2026-12-07: process CPU time over a run alone; -3.0 in the eleventh session: a narrow copy's
+# run alone; neither read any more).
+CORE_SHARE_ITEMS = -4.0
 
 
 class WarmUp:

@@ -5,7 +5,9 @@ loads the stage only where placement will run it, saying why it left the other r
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -286,3 +288,27 @@ def test_a_runtime_narrowed_under_contention_is_timed_on_its_narrow_copy_too(
     again, loads, _ = _start(CalibrationStore(path), threads=threads)  # kept: none timed again
     again.close()
     assert loads == {best: 1}
+
+
+def test_the_narrow_copy_is_timed_with_runs_side_by_side_filling_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load a narrow copy's run has other runs beside it on the cores, so warm-up times
+    it that way: as many callers as the cores hold one-thread runs, each its untimed run and
+    its NARROW_RUNS timed ones. The control: the stage's own two-thread copy is timed by one
+    caller, warm-up's own thread."""
+    callers: dict[int, set[str]] = defaultdict(set)
+    run_batch = DeviceModels.run_batch
+
+    def counted(self: DeviceModels, *args: Any, **kwargs: Any) -> Any:
+        threads = args[3] if len(args) > 3 else kwargs["threads"]
+        callers[threads].add(threading.current_thread().name)
+        return run_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceModels, "run_batch", counted)
+    engine, _, _ = _start(CalibrationStore(tmp_path / "calibration.json"), threads=2)
+    engine.close()
+    cores = len(os.sched_getaffinity(0))
+    share_threads = {name for name in callers[1] if name.startswith("hetero-share")}
+    assert len(share_threads) == max(1, cores)  # one-thread runs: one per core
+    assert len(callers[2]) == 1 and not any(n.startswith("hetero-share") for n in callers[2])

@@ -194,3 +194,22 @@ def test_tasks_on_another_host_do_not_contend() -> None:
     elsewhere = LEAN if placed.device_id == FAST else FAST
     assert scheduler.cores_contended(placed.device_id, 0)  # the control: its own cores are
     assert not scheduler.cores_contended(elsewhere, 0)
+
+
+@pytest.mark.parametrize(("spread", "choice"), [(1.3, FAST), (1.1, LEAN)])
+def test_while_busy_a_stage_joins_the_running_runtime_the_probes_could_not_tell_apart(
+    spread: float, choice: str
+) -> None:
+    """An embedding runs on FAST (the cores were idle); a vision task's estimates weighed by
+    the shares make LEAN 1.19x cheaper. Within the probes' spread (1.3x) they were not told
+    apart, and the vision task joins the runtime already running on the cores; the control,
+    a spread of 1.1x, keeps the share's choice."""
+    scheduler = _scheduler({FAST: 1.0, LEAN: 0.7})
+    for device in (FAST, LEAN):
+        scheduler.probe_spread("vision", device, spread)
+    running = _place(scheduler, "embed")
+    assert running.device_id == FAST
+    placed = _place(scheduler, "vision")
+    assert placed.device_id == choice
+    scheduler.completed(placed, ok=True, run_s=0.1, batch_size=1)
+    scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
