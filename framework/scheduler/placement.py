@@ -118,7 +118,7 @@ class PlacementMixin(CompletionMixin, CoreSharesMixin):
                 return found
         compute = tables.next_compute if task.items == 1 else tables.next_compute * task.items
         load = tables.load_now
-        busy_mask = None
+        busy_mask, alone_compute = None, compute
         if weighted and self.placement == "cost_model":
             busy = self._busy_weight(task.stage)  # cores busy: the core time taken counts
             if busy is not None:
@@ -146,7 +146,10 @@ class PlacementMixin(CompletionMixin, CoreSharesMixin):
             total = self._with_transfer(self._before_transfer(backlog, load, compute), transfer)
             index = int(np.where(mask, total, np.inf).argmin())
             if busy_mask is not None and busy_mask[index]:
-                index = self._join_running(task.stage, index, total, mask)
+                alone = self._with_transfer(
+                    self._before_transfer(backlog, tables.load_now, alone_compute), transfer
+                )
+                index = self._fastest_alone_within_spread(task.stage, index, total, alone, mask)
         terms = {
             "queue": float(backlog[index]),
             "load": float(load[index]),

@@ -197,19 +197,18 @@ def test_tasks_on_another_host_do_not_contend() -> None:
 
 
 @pytest.mark.parametrize(("spread", "choice"), [(1.3, FAST), (1.1, LEAN)])
-def test_while_busy_a_stage_joins_the_running_runtime_the_probes_could_not_tell_apart(
+def test_while_busy_the_shares_move_a_stage_only_by_more_than_the_probes_spread(
     spread: float, choice: str
 ) -> None:
-    """An embedding runs on FAST (the cores were idle); a vision task's estimates weighed by
-    the shares make LEAN 1.19x cheaper. Within the probes' spread (1.3x) they were not told
-    apart, and the vision task joins the runtime already running on the cores; the control,
-    a spread of 1.1x, keeps the share's choice."""
+    """A vision task in flight on the cores; weighed by the shares, LEAN's estimate for an
+    embedding is 1.19x below FAST's, the runtime fastest alone. Within the probes' spread
+    (1.3x) the probes did not tell them apart, and the embedding stays on FAST; the control,
+    a spread of 1.1x, takes the shares' choice."""
     scheduler = _scheduler({FAST: 1.0, LEAN: 0.7})
     for device in (FAST, LEAN):
-        scheduler.probe_spread("vision", device, spread)
-    running = _place(scheduler, "embed")
-    assert running.device_id == FAST
-    placed = _place(scheduler, "vision")
+        scheduler.probe_spread("embed", device, spread)
+    running = _place(scheduler, "vision")
+    placed = _place(scheduler, "embed")
     assert placed.device_id == choice
     scheduler.completed(placed, ok=True, run_s=0.1, batch_size=1)
     scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
