@@ -310,15 +310,15 @@ class WarmUp:
         """The runtime of ``best``'s cores that placement prefers while other work runs on
         them (:mod:`~hetero.framework.scheduler.core_shares`), when it is not ``best``: the
         first task placed while the cores are busy loads it. None when ``best`` is also the
-        leanest."""
+        leanest, or the shares favour the leanest by no more than the probes' spread."""
         scheduler = self.engine.scheduler
         mates = [d for d in candidates if scheduler.shares_compute(d, best)]
         if len(mates) < 2:
             return None
         with self.engine._lock:
             leanest = min(mates, key=lambda d: scheduler.busy_estimate_s(stage, "full", d))
-        if leanest == best:
-            return None
+            if leanest == best or not scheduler.shares_move(stage, best, leanest):
+                return None
         logger.info(
             "stage %s: %s takes it while other work runs on its cores (loaded by the first "
             "such task): %.1f ms an item alone against %.1f ms on %s, but it keeps %.0f %% "

@@ -100,13 +100,35 @@ class CoreSharesMixin(SchedulerState):
         ``alone``: unweighed): the runtime of its compute resource in ``mask`` fastest alone,
         where its weighed estimate is within the probes' spread of ``best``'s (on either of
         the two: warm-up could not tell them apart); else ``best`` (module docstring)."""
-        groups, spread = self._compute_group, self._probe_spread
+        groups = self._compute_group
         members = np.flatnonzero(mask & (groups == groups[best]))
         fastest = int(members[np.argmin(alone[members])])
         if fastest == best:
             return best
-        band = max(spread.get((stage, best), 1.0), spread.get((stage, fastest), 1.0))
-        return fastest if total[fastest] <= total[best] * band else best
+        moved = self._beyond_spread(stage, best, fastest, float(total[best]), float(total[fastest]))
+        return best if moved else fastest
+
+    def shares_move(self, stage: str, fastest_id: str, leanest_id: str) -> bool:
+        """Whether, while the cores are busy, ``leanest_id`` takes ``stage``'s tasks from
+        ``fastest_id`` (fastest alone): its estimate weighed by the shares beats the other's
+        by more than the probes' spread (module docstring)."""
+        index = self.fleet.index
+        return self._beyond_spread(
+            stage,
+            index[leanest_id],
+            index[fastest_id],
+            self.busy_estimate_s(stage, "full", leanest_id),
+            self.busy_estimate_s(stage, "full", fastest_id),
+        )
+
+    def _beyond_spread(
+        self, stage: str, lean: int, fastest: int, lean_cost: float, fastest_cost: float
+    ) -> bool:
+        """Whether ``lean``'s busy estimate is below ``fastest``'s by more than the spread of
+        the probes on either of the two."""
+        spread = self._probe_spread
+        band = max(spread.get((stage, lean), 1.0), spread.get((stage, fastest), 1.0))
+        return fastest_cost > lean_cost * band
 
     def _weights_of(self, stage: str) -> np.ndarray:
         """Each device's share over the least share among the devices of its compute
