@@ -27,11 +27,10 @@ the evidence is outside the probes' own noise: when the fastest alone's weighed 
 within the spread of warm-up's timed runs
 (:meth:`~hetero.framework.scheduler.estimates.EstimatesMixin.probe_spread`, on either runtime)
 of the leanest's, the stage stays where it runs alone. The shares are measured once, at
-warm-up, on a machine whose probes run 1.25-1.6x apart; a share a few percent ahead moved the
-bench's images to OpenVINO under load for 0.94x and 0.96x pinned ONNX Runtime's throughput
-at concurrency 8 and 32, while the stage ran 1.3x faster alone on ONNX Runtime
-(docs/scheduler.md). Where the busy estimates differ by more than that, the leaner runtime
-takes the task.
+warm-up, on a machine whose probes run 1.25-2.1x apart; shares a few percent apart moved the
+bench's images to OpenVINO under load, 0.94x and 0.96x pinned ONNX Runtime's throughput at
+concurrency 8 and 32 (docs/scheduler.md). Where the busy estimates differ by more than that,
+the leaner runtime takes the task.
 """
 
 from __future__ import annotations
