@@ -130,9 +130,9 @@ def test_an_actor_no_front_door_touches_for_its_lease_ends_itself(cluster: Clust
         ).remote("sim:a100-0", name, lease_s=2.0)
         for name in ("forgotten", "touched")
     }
+    started = time.monotonic()  # before the first touch: each lease runs from its own touch
     for actor in made.values():
         ray.get(actor.touch.remote("a front door"))
-    started = time.monotonic()
     # only "touched" hears from its front door; "forgotten"'s door died after its first touch
     assert until(
         lambda: ray.get(made["touched"].touch.remote("a front door")) and not alive("forgotten"),
