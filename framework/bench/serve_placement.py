@@ -164,8 +164,8 @@ def load_named(name: str) -> Load:
         return Load(
             "six",
             SIX_STAGE_POLICY,
-            lambda: StageMix(new_nonce()),
-            lambda url: _warm_routes(url, StageMix(new_nonce())),
+            StageMix,  # the same request streams at every point (:class:`StageMix`)
+            lambda url: _warm_routes(url, StageMix()),
         )
     raise ValueError(f"unknown load {name!r} (loads: two, six)")
 

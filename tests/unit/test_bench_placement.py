@@ -117,6 +117,15 @@ def test_the_six_stage_mix_asks_every_stage_through_its_pipeline() -> None:
     assert [next(again).body for _ in range(50)] == [r.body for r in requests[:50]]
 
 
+def test_every_point_of_the_six_stage_load_is_sent_the_same_requests() -> None:
+    load = load_named("six")
+    first, second = load.mix().stream(3), load.mix().stream(3)
+    assert [next(first).body for _ in range(40)] == [next(second).body for _ in range(40)]
+    other, again = StageMix("another draw").stream(3), load.mix().stream(3)
+    # the control: another seed draws other requests
+    assert [next(other).route for _ in range(40)] != [next(again).route for _ in range(40)]
+
+
 def test_an_unknown_load_is_refused() -> None:
 
     with pytest.raises(ValueError, match="unknown load"):
