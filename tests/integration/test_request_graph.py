@@ -20,6 +20,7 @@ from hetero.framework.graph import ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Registry
 from hetero.framework.stage_plugin import GraphRunner, StagePlugin
+from hetero.framework.stages import Pipeline
 
 POLICY = """version: 1
 stages:
@@ -155,6 +156,38 @@ def test_a_cycle_is_refused_before_anything_runs(engine: Any) -> None:
     with pytest.raises(ValueError, match="cycl"):
         running_engine.submit_graph(graph)
     assert running == []
+
+
+def test_a_graph_shape_is_checked_once_and_a_cycle_every_time(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running_engine, _, running = engine
+    checked: list[str] = []
+    post_init = Pipeline.__post_init__
+
+    def counting(pipeline: Pipeline) -> None:
+        checked.append(pipeline.name)
+        post_init(pipeline)
+
+    monkeypatch.setattr(Pipeline, "__post_init__", counting)
+    for key in ("once-1", "once-2", "once-3"):
+        running_engine.submit_graph(_graph(lambda done: "j", key=key)).result(timeout=30)
+    assert checked.count("join-both") <= 1  # the shape's DAG was checked once, or before
+    fresh = RequestGraph(  # the control: a shape not seen before is checked
+        "fresh-shape",
+        {"a": GraphNode("left", payload="x"), "c": GraphNode("join", after=["a"])},  # type: ignore[arg-type]
+    )
+    assert running_engine.submit_graph(fresh).result(timeout=30).outputs["c"][0] == "join"
+    assert checked.count("fresh-shape") == 1  # (its ``after`` a list: a user's graph may be)
+    loop = {
+        "a": GraphNode("left", after=("b",), compose=lambda done: "a"),
+        "b": GraphNode("right", after=("a",), compose=lambda done: "b"),
+    }
+    running.clear()
+    for _ in range(2):  # a refused shape is refused each time, not kept
+        with pytest.raises(ValueError, match="cycl"):
+            running_engine.submit_graph(RequestGraph("loop", dict(loop)))
+    assert checked.count("loop") == 2 and running == []
 
 
 def test_a_request_refused_as_it_starts_gives_its_shares_back(engine: Any) -> None:
