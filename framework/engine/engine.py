@@ -60,7 +60,6 @@ from hetero.framework.scheduler.kin import seed_from_kin
 from hetero.framework.scheduler.request_admission import RequestAdmission
 from hetero.framework.stage_cache import StageCache
 from hetero.framework.stage_plugin import StagePlugin, combined_hint
-from hetero.framework.stages import Pipeline
 
 __all__ = ["AccessGate", "AccessRefusedError", "Engine", "StageStatus", "describe_failure"]
 
@@ -158,7 +157,6 @@ class Engine:
         self.status: dict[str, StageStatus] = {name: StageStatus() for name in self.plugins}
         self.admission = RequestAdmission(policy, self.scheduler)
         self.runner = GraphRunner(self)  # its request walk asks the admission and scheduler
-        self._single: dict[str, Pipeline] = {}  # the one-step pipeline of each stage
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._wake_membership = threading.Event()

@@ -213,19 +213,10 @@ class GraphRunner:
         return self.start(state)
 
     def _pipeline_of(self, graph: RequestGraph) -> Pipeline:
-        """The graph's steps as a checked DAG; a one-step graph's is made once per stage."""
-        nodes = graph.nodes
-        if len(nodes) == 1:
-            step, node = next(iter(nodes.items()))
-            if step == node.stage and not node.after and not node.waits:
-                pipeline = self.engine._single.get(step)
-                if pipeline is None:
-                    pipeline = self.engine._single[step] = Pipeline(
-                        step, {step: PipelineStep(step)}
-                    )
-                return pipeline
+        """The graph's steps as a checked DAG, checked once per shape (:func:`_checked`)."""
         shape = tuple(
-            (step, node.stage, tuple(node.after), tuple(node.waits)) for step, node in nodes.items()
+            (step, node.stage, tuple(node.after), tuple(node.waits))
+            for step, node in graph.nodes.items()
         )
         return _checked(graph.name, shape)
 

@@ -77,7 +77,6 @@ class StageVersions:
             if self.engine.scheduler.queued(name) or self.engine.admission.running(name):
                 raise RuntimeError(f"stage {name!r} still has work queued or running")
             plugin = self.engine.plugins.pop(name)
-            self.engine._single.pop(name, None)
             self.engine._added.pop(name, None)
             keys = [
                 f"{name}/{variant}" for variant in self.engine.policy.spec.stages[name].variants
