@@ -17,7 +17,7 @@ from hetero.framework.scheduler.clock import Clock
 from hetero.framework.scheduler.costs import FleetCosts
 from hetero.framework.scheduler.decisions import PlacementDecision, SchedulerStats
 from hetero.framework.scheduler.memory import MemoryManager
-from hetero.framework.scheduler.queues import StageQueue
+from hetero.framework.scheduler.queues import LiveTally, StageQueue
 from hetero.framework.scheduler.tables import StageTables
 
 __all__ = ["SchedulerState"]
@@ -34,6 +34,7 @@ class SchedulerState:
     memory: list[MemoryManager]
     tables: dict[str, StageTables]
     queues: dict[str, StageQueue]
+    _queued: LiveTally  # live tasks over every stage's queue
     load_wait_s: dict[str, float]
     kv_block_tokens: int
     weights: PlacementWeights

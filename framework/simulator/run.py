@@ -18,6 +18,10 @@ running until its last token. The device is one serial resource: another model's
 or a request that can join, cuts the engine's decode window at the end of the step in
 progress. ``static`` keeps the earlier model (a batch runs until its longest output is done).
 Every placement gets the same batching.
+
+The parts: this module runs the events and walks the requests; :mod:`run_devices` runs batches
+and loads on the devices and observes their memory; :mod:`run_decode` runs the continuous-batching
+engines; :mod:`run_measures` sizes a request per stage; :mod:`run_state` declares what they share.
 """
 
 from __future__ import annotations
@@ -27,26 +31,15 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetero.backends.sim.calibration import load_multiplier
-from hetero.backends.sim.timing import (
-    LlmSequences,
-    RunTime,
-    modelled_prefill,
-    modelled_run,
-    modelled_steps,
-)
 from hetero.framework.devices import DeviceSpec
 from hetero.framework.engine.request_graph import GraphNode
 from hetero.framework.engine.request_walk import RequestWalk
 from hetero.framework.engine.requests import RequestState
 from hetero.framework.errors import ShedError
-from hetero.framework.graph import BandwidthHint
 from hetero.framework.policy import Policy
-from hetero.framework.request_profile import RequestProfile
 from hetero.framework.scheduler import (
     Batcher,
     Dispatch,
@@ -63,65 +56,30 @@ from hetero.framework.simulator.arrivals import (
     open_loop_requests,
     request_from_kind,
 )
-from hetero.framework.simulator.decode import DecodeEngine, DecodeSequence, EngineWork
-from hetero.framework.simulator.kv import KvBatch, PagedKv
+from hetero.framework.simulator.kv import PagedKv
 from hetero.framework.simulator.metrics import RunMetrics
+from hetero.framework.simulator.run_decode import DecodeMixin
+from hetero.framework.simulator.run_measures import _request_of, _SimMeasures
+from hetero.framework.simulator.run_state import (
+    ARRIVAL,
+    BATCH_DONE,
+    ENGINE_DONE,
+    LOAD_DONE,
+    TIMER,
+    WARMUP,
+    _DeviceSim,
+    _RequestRun,
+)
 from hetero.framework.simulator.workload import SimRequest, Workload
 from hetero.framework.topology import Topology
 
 __all__ = ["simulate"]
 
-ARRIVAL, BATCH_DONE, TIMER, WARMUP, LOAD_DONE, ENGINE_DONE = 0, 1, 2, 3, 4, 5
 
+class _Simulation(DecodeMixin):
+    """One run of a workload: its events, requests, dispatches and the figures they give (the
+    device runs and loads: :class:`DevicesMixin`; the LLM engines: :class:`DecodeMixin`)."""
 
-@dataclass(slots=True)
-class _RequestRun:
-    request: SimRequest
-    state: RequestState  # its walk: admitted variants, outputs, live tasks, shares held
-    client: int | None
-
-
-class _SimMeasures:
-    """A stage's measures of a simulated request, as its plugin measures a real input: the
-    images it holds (one input each: a task of an image stage carries that many items, as
-    the engine's does), and for a stage with a KV cache the tokens a generation holds (its
-    prompt plus those it generates; 0 elsewhere)."""
-
-    __slots__ = ("image", "kv")
-
-    def __init__(self, modality: str, kv: bool) -> None:
-        self.image = modality == "image"
-        self.kv = kv
-
-    def items(self, payload: SimRequest) -> int:
-        return max(1, payload.images) if self.image else 1
-
-    def kv_tokens(self, payload: SimRequest, output_tokens: int) -> int:
-        return payload.text_tokens + output_tokens if self.kv else 0
-
-
-def _request_of(state: RequestState, step: str) -> SimRequest:
-    """Every step of a simulated request measures the request itself."""
-    request: SimRequest = state.payload
-    return request
-
-
-@dataclass
-class _DeviceSim:
-    spec: DeviceSpec
-    batchers: dict[str, Batcher[Dispatch]] = field(default_factory=dict)
-    loaded: set[str] = field(default_factory=set)
-    prefetch: list[str] = field(default_factory=list)  # warm-up loads not started yet
-    busy: bool = False
-    engines: dict[str, DecodeEngine[Dispatch]] = field(default_factory=dict)  # continuous LLMs
-    engine_key: str | None = None  # the engine whose work the device runs now
-
-    def engine_work(self) -> bool:
-        """An engine has sequences waiting or running."""
-        return any(engine.has_work for engine in self.engines.values())
-
-
-class _Simulation:
     def __init__(
         self,
         policy: Policy,
@@ -145,9 +103,9 @@ class _Simulation:
         )
         self.admission = SimAdmission(policy, self.scheduler)
         self.devices = {d.id: _DeviceSim(d) for d in devices}
-        self.events: list[tuple[float, int, int, object]] = []
+        self.events = []
         self.sequence = itertools.count()
-        self.runs: dict[int, _RequestRun] = {}
+        self.runs = {}
         name = placement if eviction == "cost_aware" else f"{placement}+{eviction}"
         self.metrics = RunMetrics(policy=name)
         spec = policy.spec
@@ -160,10 +118,10 @@ class _Simulation:
         # a release moved them (the only places memory changes in a simulation), and the
         # utilisation figures of the last vector, reused while it stays the same.
         self.model_bytes = np.array([m.model_bytes for m in self.scheduler.memory], dtype=float)
-        self.memory_moved: set[int] = set()
-        self.last_used: np.ndarray | None = None
-        self.last_kv: dict[int, float] = {}  # KV bytes allocated per device in that vector
-        self.last_figures: tuple[float, float] | None = None
+        self.memory_moved = set()
+        self.last_used = None
+        self.last_kv = {}  # KV bytes allocated per device in that vector
+        self.last_figures = None
         self.order = {d.id: index for index, d in enumerate(devices)}
         self.device_ids = [d.id for d in devices]
         # Read per event: plain dicts (the policy's maps are persistent, slower to index).
@@ -213,9 +171,6 @@ class _Simulation:
                     self.admission.pace(name, str(variant)).seed(run_s, 1, units)
 
     # --- events ------------------------------------------------------------------------------
-
-    def push(self, when: float, kind: int, payload: object) -> None:
-        heapq.heappush(self.events, (when, next(self.sequence), kind, payload))
 
     def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -270,39 +225,6 @@ class _Simulation:
         self.metrics.wall_s = time.perf_counter() - started
         self.metrics.cpu_s = time.thread_time() - cpu_started
         return self.metrics
-
-    def _observe_memory(self, when: float) -> None:
-        if when < self.workload.spec.warmup_s:
-            self.last_memory_time = when
-            return
-        dt = when - self.last_memory_time
-        memory = self.scheduler.memory
-        changed = self.last_used is None
-        for index in self.memory_moved:
-            model_bytes = float(memory[index].model_bytes)
-            if model_bytes != self.model_bytes[index]:
-                self.model_bytes[index] = model_bytes
-                changed = True
-        self.memory_moved.clear()
-        kv: dict[int, float] = {}
-        if self.kv.running:
-            allocated_all = held_all = 0.0
-            # Devices without a running batch add nothing: visit the others, in fleet order.
-            running = sorted(self.order[d] for d, batches in self.kv.running.items() if batches)
-            for index in running:
-                allocated, held = self.kv.usage(self.device_ids[index], when)
-                kv[index] = allocated
-                allocated_all += allocated
-                held_all += held
-            self.metrics.observe_kv(allocated_all, held_all, dt)
-        if changed or kv != self.last_kv:
-            used = self.model_bytes.copy()
-            for index, allocated in kv.items():
-                used[index] += allocated
-            self.last_figures = self.metrics.memory_figures(used / self.capacity)
-            self.last_used, self.last_kv = used, kv
-        self.metrics.observe_memory_figures(self.last_figures, dt)
-        self.last_memory_time = when
 
     def _next_closed_loop(self, client: int, now: float) -> None:
         spec = self.workload.spec
@@ -442,193 +364,6 @@ class _Simulation:
             if not any(device.batchers.values()) and not device.engine_work():
                 self.waiting.discard(device_id)
 
-    def _scale(self, dispatch: Dispatch) -> float:
-        """Work of this request's stage relative to the hint's nominal item."""
-        run = self.runs.get(int(dispatch.task.request_id))
-        return 1.0 if run is None else self._request_scale(dispatch.task.stage, run.request)
-
-    def _profile(self, stage: str, request: SimRequest) -> RequestProfile:
-        """What the stage's plugin would measure of ``request``'s input (its profile): the
-        pixels of its images, its audio's seconds, or its prompt's tokens plus those it
-        generates (as the LLM plugin counts)."""
-        modality = self.modality[stage]
-        if modality == "image":
-            spec = self.workload.spec
-            pixels = (
-                request.image_pixels or spec.stage_nominal.get(stage, spec.nominal).image_pixels
-            )
-            return RequestProfile(image_pixels=int(max(1, request.images) * pixels))
-        if modality == "audio":
-            return RequestProfile(audio_seconds=request.audio_seconds)
-        return RequestProfile(text_tokens=request.text_tokens + request.output_tokens)
-
-    def _request_scale(self, stage: str, request: SimRequest) -> float:
-        """Work of ``request`` in ``stage`` relative to the hint's nominal item."""
-        spec = self.workload.spec
-        nominal = spec.stage_nominal.get(stage, spec.nominal)
-        modality = self.modality[stage]
-        if modality == "image" and request.images:
-            pixels = request.image_pixels or nominal.image_pixels
-            return request.images * pixels / nominal.image_pixels
-        if modality == "audio" and request.audio_seconds:
-            return request.audio_seconds / nominal.audio_seconds
-        tokens = request.text_tokens + request.output_tokens
-        if modality in {"text", "embedding"} and tokens:
-            return tokens / nominal.text_tokens
-        return 1.0
-
-    def _transfer_s(self, dispatch: Dispatch, dst: int) -> float:
-        """Time to bring a task's inputs to device ``dst``: from the devices that hold them
-        (topology routes), or from the host for a first step."""
-        fleet = self.scheduler.fleet
-        if not dispatch.task.inputs:
-            hint = self.scheduler.tables[dispatch.model_key].costs.hint
-            size = hint.input_bytes * self._scale(dispatch)
-            return float(size * fleet.ingress_inverse_bandwidth[dst])
-        total = 0.0
-        for handle in dispatch.task.inputs:
-            src = fleet.index[handle.device_id]
-            if src != dst:
-                latency, inverse_bandwidth = fleet.route(src, dst)
-                total += latency + handle.size_bytes * inverse_bandwidth
-        return total
-
-    def _before_run_s(
-        self, device: _DeviceSim, key: str, index: int, dispatches: list[Dispatch]
-    ) -> float:
-        """Seconds before a run on ``device`` can compute: the model's load if it is not
-        there yet (it is from then on), then the inputs, which move in parallel (the slowest
-        counts)."""
-        delay = 0.0
-        if key not in device.loaded:
-            delay += self._load_s(key, index)
-            device.loaded.add(key)
-            if key in device.prefetch:
-                device.prefetch.remove(key)
-        return delay + max(self._transfer_s(d, index) for d in dispatches)
-
-    def _start(self, device: _DeviceSim, key: str, batch: list[Dispatch]) -> None:
-        tables = self.scheduler.tables[key]
-        hint = tables.costs.hint
-        index = self.scheduler.fleet.index[device.spec.id]
-        duration = self._before_run_s(device, key, index, batch)
-        now = self.clock.now()
-        times, kv_batch = self._modelled_run(hint, device.spec, key, batch, now + duration)
-        run_s = times.seconds  # the sim backend's formula (modelled_run), LLM or not
-        prefill_of = None
-        if kv_batch is not None:
-            prefill_of = duration + kv_batch.prefill_s
-            self.kv.add(device.spec.id, kv_batch)
-        duration += run_s
-        for dispatch in batch:
-            if (
-                dispatch.task.qos_class == self.lowest_class
-                and dispatch.task.arrival >= self.workload.spec.warmup_s
-            ):
-                self.metrics.lowest_class_waits.append(now - dispatch.task.enqueued_at)
-            run = self.runs.get(int(dispatch.task.request_id))
-            modality = self.modality[dispatch.task.stage]
-            counted = run is not None and run.request.arrival >= self.workload.spec.warmup_s
-            if run is not None and counted and modality == "text" and run.request.output_tokens:
-                if prefill_of is None:
-                    total = run.request.text_tokens + run.request.output_tokens
-                    prefill = duration - run_s + run_s * run.request.text_tokens / max(total, 1)
-                else:
-                    prefill = prefill_of
-                self.metrics.ttft.append(now + prefill - run.request.arrival)
-        device.busy = True
-        self.metrics.busy[device.spec.id].append((now, duration))
-        self.push(now + duration, BATCH_DONE, (device.spec.id, batch, run_s, kv_batch))
-
-    def _load_s(self, key: str, index: int) -> float:
-        """One load: the modelled time times a draw from Alibaba's measured spread."""
-        draw = load_multiplier(self.load_draws.random())
-        return float(self.scheduler.tables[key].costs.load_s[index]) * draw
-
-    def _warm_up(self, now: float) -> None:
-        """A forecast bin closed: queue the warm-up's loads, forget what it released."""
-        assert self.warmup is not None
-        loads, released = self.warmup.tick(now)
-        for load in loads:
-            self.memory_moved.add(self.order[load.device_id])
-            device = self.devices[load.device_id]
-            for victim in load.plan.evict:
-                device.loaded.discard(victim)
-                if victim in device.prefetch:
-                    device.prefetch.remove(victim)
-            device.prefetch.append(load.plan.key)
-        for device_id, key in released:
-            self.memory_moved.add(self.order[device_id])
-            self.devices[device_id].loaded.discard(key)
-        if self.events:  # keep forecasting while anything is still to happen
-            self.push(self.warmup.next_tick, WARMUP, None)
-
-    def _start_prefetch(self, device: _DeviceSim) -> None:
-        """An idle device with nothing ready runs a warm-up load (never ahead of work)."""
-        index = self.scheduler.fleet.index[device.spec.id]
-        while device.prefetch:
-            key = device.prefetch.pop(0)
-            if key in device.loaded or not self.scheduler.tables[key].resident[index]:
-                continue
-            duration = self._load_s(key, index)
-            device.busy = True
-            now = self.clock.now()
-            self.metrics.busy[device.spec.id].append((now, duration))
-            self.push(now + duration, LOAD_DONE, (device.spec.id, key))
-            return
-
-    def _load_done(self, device_id: str, key: str) -> None:
-        device = self.devices[device_id]
-        device.busy = False
-        index = self.scheduler.fleet.index[device_id]
-        if self.scheduler.tables[key].resident[index]:  # not evicted while it loaded
-            device.loaded.add(key)
-
-    def _modelled_run(
-        self, hint: BandwidthHint, device: DeviceSpec, key: str, batch: list[Dispatch], start: float
-    ) -> tuple[RunTime, KvBatch | None]:
-        """The batch's modelled time (:func:`modelled_run`, the sim backend's formula) and, for
-        an LLM stage (a stage with a KV cache), its phases and KV cache."""
-        if not hint.kv_bytes_per_token:
-            items = float(sum(self._scale(d) for d in batch))
-            return modelled_run(hint, device, items), None
-        stage = key.split("/", 1)[0]
-        spec = self.workload.spec
-        nominal = spec.stage_nominal.get(stage, spec.nominal).text_tokens
-        prompts, outputs = [], []
-        for dispatch in batch:
-            run = self.runs.get(int(dispatch.task.request_id))
-            request = run.request if run is not None else None
-            prompts.append(request.text_tokens if request is not None else int(nominal))
-            outputs.append(request.output_tokens if request is not None else 0)
-        times = modelled_run(hint, device, len(batch), LlmSequences(prompts, outputs, nominal))
-        return times, KvBatch(
-            start=start,
-            prefill_s=times.prefill_s,
-            decode_s=times.decode_s,
-            prompts=np.asarray(prompts, dtype=float),
-            outputs=np.asarray(outputs, dtype=float),
-            bytes_per_token=hint.kv_bytes_per_token,
-        )
-
-    def _batch_done(
-        self, device_id: str, batch: list[Dispatch], run_s: float, kv_batch: KvBatch | None
-    ) -> None:
-        device = self.devices[device_id]
-        device.busy = False
-        if kv_batch is not None:
-            self.kv.remove(device_id, kv_batch)
-        first = batch[0]
-        self.admission.observe(  # as the engine folds each batch it ran into the stage's pace
-            first.task.stage,
-            first.model_key.split("/", 1)[1],
-            run_s,
-            sum(d.task.items for d in batch) or 1,
-            sum(d.task.units for d in batch),
-        )
-        for dispatch in batch:
-            self._finish(dispatch, device_id, run_s, len(batch))
-
     def _finish(self, dispatch: Dispatch, device_id: str, run_s: float, batch_size: int) -> None:
         """One task's stage is done: report it, then finish its request or queue its next
         steps."""
@@ -657,125 +392,6 @@ class _Simulation:
         self.metrics.last_completion = now
         if run.client is not None:
             self._next_closed_loop(run.client, now)
-
-    # --- continuous batching of LLM stages (:mod:`decode`) -------------------------------------
-
-    def _engine(self, device: _DeviceSim, key: str) -> DecodeEngine[Dispatch]:
-        """The device's engine for LLM model ``key`` (made on its first dispatch)."""
-        engine = device.engines.get(key)
-        if engine is None:
-            tables = self.scheduler.tables[key]
-            hint = tables.costs.hint
-            spec = self.workload.spec
-            nominal = spec.stage_nominal.get(tables.costs.stage, spec.nominal).text_tokens
-            index = self.order[device.spec.id]
-            engine = DecodeEngine(
-                max_running=int(tables.limit[index]),
-                block_tokens=self.kv.block_tokens,
-                bytes_per_token=hint.kv_bytes_per_token,
-                prefill_s=lambda prompts: modelled_prefill(hint, device.spec, prompts, nominal),
-                steps_s=lambda contexts, remaining: modelled_steps(
-                    hint, device.spec, contexts, remaining, nominal
-                ),
-            )
-            device.engines[key] = engine
-        return engine
-
-    def _sequence(self, dispatch: Dispatch) -> DecodeSequence[Dispatch]:
-        """The engine's view of a dispatched LLM task: its prompt and output length."""
-        run = self.runs.get(int(dispatch.task.request_id))
-        if run is None:  # dropped meanwhile: a nominal prompt, nothing to generate
-            spec = self.workload.spec
-            nominal = spec.stage_nominal.get(dispatch.task.stage, spec.nominal).text_tokens
-            return DecodeSequence(dispatch, int(nominal), 0)
-        return DecodeSequence(dispatch, run.request.text_tokens, run.request.output_tokens)
-
-    def _kv_budget_blocks(self, device: _DeviceSim, key: str, now: float) -> int:
-        """Blocks of KV cache engine ``key`` may hold on the device: its memory after the
-        resident models and the other engines' blocks."""
-        manager = self.scheduler.memory[self.order[device.spec.id]]
-        free = float(manager.capacity - manager.model_bytes)
-        block = self.kv.block_tokens
-        for other, engine in device.engines.items():
-            if other != key:
-                free -= (
-                    float(np.ceil(engine.tokens(now) / block).sum())
-                    * block
-                    * (engine.bytes_per_token)
-                )
-        engine = device.engines[key]
-        return max(0, int(free // (block * engine.bytes_per_token)))
-
-    def _start_engine(self, device: _DeviceSim, now: float) -> bool:
-        """An idle device runs its engines' next work (the first engine, by key, that has
-        any); False when none has."""
-        for key in sorted(device.engines):
-            engine = device.engines[key]
-            if not engine.has_work:
-                continue
-            work = engine.next_work(now, self._kv_budget_blocks(device, key, now))
-            if work is None:
-                continue
-            if work.kind == "prefill":
-                self._prefill_starts(device, key, work, now)
-            device.busy = True
-            device.engine_key = key
-            self.push(work.end, ENGINE_DONE, (device.spec.id, key, engine.generation))
-            return True
-        return False
-
-    def _prefill_starts(
-        self, device: _DeviceSim, key: str, work: EngineWork[Dispatch], now: float
-    ) -> None:
-        """A prefill step starts: the model's load (if it is not on the device yet) and the
-        joining requests' inputs come first; their waits and first tokens are counted."""
-        index = self.scheduler.fleet.index[device.spec.id]
-        delay = self._before_run_s(device, key, index, [s.item for s in work.joining])
-        work.ends = work.ends + delay
-        for sequence in work.joining:
-            sequence.before_run_s += delay
-        warmup_s = self.workload.spec.warmup_s
-        for sequence in work.joining:
-            if sequence.admitted_at != now or sequence.generated:
-                continue  # readmitted after a preemption: counted the first time
-            task = sequence.item.task
-            if task.qos_class == self.lowest_class and task.arrival >= warmup_s:
-                self.metrics.lowest_class_waits.append(now - task.enqueued_at)
-            run = self.runs.get(int(task.request_id))
-            if run is not None and run.request.arrival >= warmup_s and sequence.output:
-                self.metrics.ttft.append(work.end - run.request.arrival)
-
-    def _cut_window(self, device: _DeviceSim, now: float) -> None:
-        """Other work wants the device: end the running decode window at the next step."""
-        assert device.engine_key is not None
-        engine = device.engines[device.engine_key]
-        wanted = any(e.wants_step_boundary() for e in device.engines.values()) or any(
-            b.ready(now) for b in device.batchers.values()
-        )
-        if wanted and (end := engine.truncate(now)) is not None:
-            self.push(end, ENGINE_DONE, (device.spec.id, device.engine_key, engine.generation))
-
-    def _engine_done(self, device_id: str, key: str, generation: int) -> None:
-        device = self.devices[device_id]
-        engine = device.engines[key]
-        work = engine.work
-        if generation != engine.generation or work is None:
-            return  # the window was cut: a later event ends it
-        now = self.clock.now()
-        self.metrics.busy[device_id].append((work.start, now - work.start))
-        device.busy = False
-        device.engine_key = None
-        finished = engine.finish()
-        if not engine.has_work:
-            self.kv.remove(device_id, engine)
-        for sequence in finished:
-            # its time in the engine, less the loads and transfers before its prefills: what
-            # the scheduler's correction and slow-call breaker judge is the device's running
-            run_s = max(0.0, now - (sequence.admitted_at or now) - sequence.before_run_s)
-            task = sequence.item.task
-            variant = sequence.item.model_key.split("/", 1)[1]
-            self.admission.observe(task.stage, variant, run_s, task.items, task.units)
-            self._finish(sequence.item, device_id, run_s, max(1, round(sequence.mean_batch)))
 
 
 def simulate(

@@ -300,12 +300,14 @@ def test_a_signal_stops_every_sandbox_and_is_audited(
     try:
         assert serve.stderr is not None
         url = ""
+        said: list[str] = []  # what it said, for the failure's message
         for line in serve.stderr:  # until the models (and so both sandboxes) are up
+            said.append(line)
             found = re.search(r"listening on (http://\S+)", line)
             url = found.group(1) if found else url
             if line.startswith("ready"):
                 break
-        assert url, "hetero serve did not say where it listens"
+        assert url, "hetero serve did not say where it listens:\n" + "".join(said)[-3000:]
         assert len(running_sandboxes(site)) == 2  # the control: both partitions' sandboxes run
         response = httpx.post(
             f"{url}/v1/id-cards/read",

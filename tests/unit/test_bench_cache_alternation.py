@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hetero.framework.bench import cache as bench
+from hetero.framework.bench import cache_timing as bench
 
 
 def test_each_action_follows_every_other_and_is_timed_reads_times() -> None:

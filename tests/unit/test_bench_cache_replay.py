@@ -6,7 +6,7 @@ import hashlib
 import random
 from typing import Any
 
-from hetero.framework.bench import cache as bench
+from hetero.framework.bench import cache_replay as bench
 
 
 def stream(requests: int = 3000) -> list[bytes]:
