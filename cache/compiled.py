@@ -34,11 +34,19 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The hot paths: the memory tier's reads and writes (with the window steering it inlines), the
-# codec's decode and the Bloom check of every lower-tier read. FeatureCache and DiskTier stay
+# The hot paths: the memory tier's reads and writes (with its queues' upkeep, its frequency
+# sketch and the window steering it inlines, one class hierarchy and one build), the codec's
+# decode and the Bloom check of every lower-tier read. FeatureCache and DiskTier stay
 # interpreted: tests and callers replace their methods on instances, which compiled (native)
 # classes refuse (docs/cache.md has what compiling them measured).
-COMPILED = ("bloom", "codec", "memory_tier", "window_steering")
+COMPILED = (
+    "bloom",
+    "codec",
+    "frequency_sketch",
+    "memory_queues",
+    "memory_tier",
+    "window_steering",
+)
 # The hetero modules they import that are not compiled with them (paths from the folder that
 # holds the package folders): mypyc builds against their types, so they are in the key too.
 IMPORTED = ("framework/errors.py",)

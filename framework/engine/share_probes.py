@@ -1,5 +1,5 @@
 """The share of the host's cores a runtime's run takes, as warm-up measures it beside each
-timing (:mod:`.warmup`); placement weighs runtimes by it while other work runs on the cores
+timing (:mod:`.probing`); placement weighs runtimes by it while other work runs on the cores
 (:mod:`~hetero.framework.scheduler.core_shares`)."""
 
 from __future__ import annotations

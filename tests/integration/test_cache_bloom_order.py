@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from cache_worker import cache_config, make_key
 
-from hetero.cache import FeatureCache
-from hetero.cache import feature_cache as feature_cache_module
+from hetero.cache import FeatureCache, feature_reads
 
 # A disk miss three times a Bloom check: the filter pays once more than a third of the lookups
 # below memory miss.
@@ -44,7 +43,7 @@ class Costs:
 @pytest.fixture
 def costs(monkeypatch: pytest.MonkeyPatch) -> Costs:
     clock = Costs()
-    monkeypatch.setattr(feature_cache_module, "_perf", clock)
+    monkeypatch.setattr(feature_reads, "_perf", clock)  # the clock of the timed reads
     return clock
 
 

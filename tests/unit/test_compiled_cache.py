@@ -104,7 +104,8 @@ def checkout_copy(root: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "edited", ["cache/memory_tier.py", "cache/codec.py", "framework/errors.py"]
+    "edited",
+    ["cache/memory_tier.py", "cache/memory_queues.py", "cache/codec.py", "framework/errors.py"],
 )
 def test_an_edited_source_is_imported_never_its_old_build(tmp_path: Path, edited: str) -> None:
     require_build()
@@ -137,25 +138,32 @@ def test_the_key_covers_every_hetero_module_the_compiled_ones_import() -> None:
 # --- the compiled modules decide as the sources do ----------------------------------------
 
 
+# The compiled modules the memory tier imports, each before those that import it.
+IMPORTED_FIRST = ("window_steering", "frequency_sketch", "memory_queues")
+
+
 def interpreted(name: str) -> ModuleType:
     """``hetero.cache.<name>`` run from its source, under another name, beside the compiled one
-    (with the window steering it imports run from its source too)."""
-    saved = sys.modules.get("hetero.cache.window_steering")
+    (with the compiled modules the memory tier imports run from their sources too: its class
+    extends memory_queues', and an interpreted class cannot extend a compiled one)."""
+    saved = {each: sys.modules.get(f"hetero.cache.{each}") for each in IMPORTED_FIRST}
     module: ModuleType | None = None
     try:
-        for each in ("window_steering", name):
+        for each in (*IMPORTED_FIRST, name):
             spec = importlib.util.spec_from_file_location(
                 f"_interpreted_{each}", PACKAGE / f"{each}.py"
             )
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            sys.modules["hetero.cache.window_steering"] = module
+            if each in saved:  # what the next ones import
+                sys.modules[f"hetero.cache.{each}"] = module
     finally:
-        if saved is not None:
-            sys.modules["hetero.cache.window_steering"] = saved
-        else:
-            sys.modules.pop("hetero.cache.window_steering", None)
+        for each, before in saved.items():
+            if before is not None:
+                sys.modules[f"hetero.cache.{each}"] = before
+            else:
+                sys.modules.pop(f"hetero.cache.{each}", None)
     assert module is not None
     return module
 
@@ -180,6 +188,9 @@ def state(tier: Any) -> tuple[Any, ...]:
 @pytest.mark.parametrize("seed", range(4))
 def test_the_compiled_memory_tier_decides_exactly_as_its_source(seed: int) -> None:
     tiers_of = (compiled_module("memory_tier"), interpreted("memory_tier"))
+    assert all(  # the interpreted tier is interpreted throughout: its base class too
+        base.__module__.startswith("_interpreted_") for base in tiers_of[1].MemoryTier.__mro__[:-1]
+    )
     rng = random.Random(seed)
     keys = [rng.randbytes(32) for _ in range(3000)]
     hot = keys[:300]
