@@ -10,36 +10,16 @@ import time
 from typing import TYPE_CHECKING
 
 from hetero.framework.engine.calibration import CalibrationStore
-from hetero.framework.engine.probing import (
-    CORE_SHARE_ITEMS,
-    EXTRA_PROBE_RUNS,
-    LOAD_ITEMS,
-    PROBE_RUNS,
-    SPREAD_ITEMS,
-    ProbingMixin,
-)
-from hetero.framework.engine.status import (
-    Progress,
-    describe_failure,
-)
-from hetero.framework.errors import (
-    NoEligibleDeviceError,
-)
+from hetero.framework.engine.probing import ProbingMixin
+from hetero.framework.engine.status import Progress, describe_failure
+from hetero.framework.errors import NoEligibleDeviceError
 from hetero.framework.graph import GraphFormat
 from hetero.framework.stage_plugin import combined_hint
 
 if TYPE_CHECKING:
     from hetero.framework.engine.engine import Engine
 
-# the probe's constants re-exported: their home is .probing
-__all__ = [
-    "CORE_SHARE_ITEMS",
-    "EXTRA_PROBE_RUNS",
-    "LOAD_ITEMS",
-    "PROBE_RUNS",
-    "SPREAD_ITEMS",
-    "WarmUp",
-]
+__all__ = ["WarmUp"]
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from hetero.framework.scheduler.decisions import (
     SchedulerStats,
 )
 from hetero.framework.scheduler.dispatching import DispatchingMixin
-from hetero.framework.scheduler.fleet_updates import SEARCHES, FleetUpdatesMixin
+from hetero.framework.scheduler.fleet_updates import FleetUpdatesMixin
 from hetero.framework.scheduler.memory import MemoryManager, share_memory
 from hetero.framework.scheduler.output_lengths import OutputLengths
 from hetero.framework.scheduler.queues import LiveTally, QueueClass, StageQueue
@@ -42,7 +42,6 @@ from hetero.framework.topology import Topology
 
 __all__ = [
     "PLACEMENTS",
-    "SEARCHES",
     "Dispatch",
     "PlacementDecision",
     "Rejection",

@@ -21,7 +21,8 @@ from hetero.framework.backend import Arrays, LoadedModel
 from hetero.framework.engine import Engine
 from hetero.framework.engine.calibration import CalibrationStore
 from hetero.framework.engine.device_models import DeviceModels
-from hetero.framework.engine.warmup import CORE_SHARE_ITEMS, PROBE_RUNS, SPREAD_ITEMS, WarmUp
+from hetero.framework.engine.probing import CORE_SHARE_ITEMS, PROBE_RUNS, SPREAD_ITEMS
+from hetero.framework.engine.warmup import WarmUp
 from hetero.framework.graph import BandwidthHint, ComputeGraph, GraphFormat
 from hetero.framework.policy import load_policy_text
 from hetero.framework.registry import Detection, Registry

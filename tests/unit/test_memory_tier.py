@@ -201,7 +201,7 @@ def test_large_tiers_shadow_a_sample_of_the_keys() -> None:
 def _check_queues(tier: MemoryTier) -> None:
     """Every entry is in the one queue it names, each queue's bytes are its entries' sizes,
     and the tier is within its budget."""
-    from hetero.cache.memory_tier import QUEUE, SIZE
+    from hetero.cache.memory_queues import QUEUE, SIZE
 
     held = 0
     for index, queue in enumerate(tier._queues):
@@ -263,7 +263,7 @@ def test_the_first_fill_enters_the_main_space_oldest_first() -> None:
 
 
 def test_a_wider_sketch_keeps_every_held_keys_count() -> None:
-    from hetero.cache.memory_tier import HASH, SLOT0, SLOT3
+    from hetero.cache.memory_queues import HASH, SLOT0, SLOT3
 
     tier = MemoryTier(max_bytes=10_000)
     hot = [digest(f"hot-{i}") for i in range(3)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from hetero.framework.engine.warmup import EXTRA_PROBE_RUNS, WarmUp
+from hetero.framework.engine.probing import EXTRA_PROBE_RUNS
+from hetero.framework.engine.warmup import WarmUp
 
 
 def _warmup(times: dict[str, Any]) -> tuple[WarmUp, list[str]]:
