@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +86,9 @@ class Dispatcher:
                 outcomes.append(outcome)
                 if isinstance(outcome, Dispatch):
                     self.engine.admission.started(outcome.task)
+        # a lane that gets one task of this round may start it from this thread; several go
+        # through its inbox, for its thread to batch them as it did (Lane.offer)
+        per_lane = Counter((o.task.stage, o.device_id) for o in outcomes if isinstance(o, Dispatch))
         for outcome in outcomes:
             if isinstance(outcome, Rejection):
                 self.engine.outcomes.fail(outcome.task.request_id, outcome.error)
@@ -95,7 +99,11 @@ class Dispatcher:
                 self.engine.metrics.loads.labels(stage, device_id).inc()
             for victim in outcome.load.evict:
                 self.engine.metrics.evictions.labels(victim.split("/", 1)[0], device_id).inc()
-            self.lane(stage, device_id).inbox.put(outcome)
+            lane = self.lane(stage, device_id)
+            if per_lane[(stage, device_id)] == 1:
+                lane.offer(outcome)
+            else:
+                lane.inbox.put(outcome)
 
     def lane(self, stage: str, device_id: str) -> Lane:
         with self.engine._lanes_lock:
@@ -138,10 +146,11 @@ class Dispatcher:
             return True, self.engine.runner.step_inputs(state, task.step)
 
     def on_batch(self, outcomes: list[BatchOutcome]) -> None:
-        self.sync_health()
-        self._observe_batch([o for o in outcomes if not o.skipped and o.batch_size])
+        self.sync_health()  # before a failed task is retried elsewhere
         for outcome in outcomes:
             self.engine.outcomes.finish(outcome)
+        # the batch's figures after its requests are answered: they wait for nothing here
+        self._observe_batch([o for o in outcomes if not o.skipped and o.batch_size])
         self.kick()
 
     def _observe_batch(self, ran: list[BatchOutcome]) -> None:

@@ -24,9 +24,67 @@ import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["guarded", "guarded_http"]
+__all__ = ["CoalescingTransport", "guarded", "guarded_http"]
 
 P = TypeVar("P", H11Protocol, HttpToolsProtocol)
+
+
+class CoalescingTransport:
+    """A connection's transport whose response head leaves in one send with its body.
+
+    uvicorn writes a response's status line and headers, then its body: two sends, two TCP
+    segments, and a client that wakes for the head and again for the body. Here a write is held
+    while nothing else is, and the next write sends both at once; a write that no other follows
+    leaves at the end of the event loop's turn (a streamed response's chunks are not held
+    longer). Everything else is the wrapped transport's."""
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | bytearray | memoryview | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Hold ``data`` if nothing is held, else send what is held and ``data`` together."""
+        held = self._held
+        if held is None:
+            if data:
+                self._held = data
+                self._loop.call_soon(self._flush)
+            return
+        self._held = None
+        self._transport.write(b"".join((held, data)) if data else held)
+
+    def writelines(self, lines: Any) -> None:
+        """As :meth:`write` with the lines joined."""
+        self.write(b"".join(lines))
+
+    def _flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        """Send what is held, then close."""
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        """Send what is held, then half-close."""
+        self._flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        """Drop what is held and close at once."""
+        self._held = None
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        """The wrapped transport's buffer and what is held."""
+        held = len(self._held) if self._held is not None else 0
+        return int(self._transport.get_write_buffer_size()) + held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _too_large(limit: int) -> bytes:
@@ -60,7 +118,7 @@ def guarded(protocol: type[P], header_timeout_s: float, max_header_bytes: int) -
         _tail: bytes = b""  # its last bytes: the blank line that ends it may span two chunks
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+            super().connection_made(CoalescingTransport(transport, self.loop))
             self._expect_head()
 
         def data_received(self, data: bytes) -> None:

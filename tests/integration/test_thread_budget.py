@@ -225,3 +225,60 @@ def test_a_batch_is_split_in_consecutive_runs_as_even_as_they_go() -> None:
     assert split_batch([1, 2, 3, 4], 2) == [[1, 2], [3, 4]]
     assert split_batch([1], 2) == [[1]]  # one task: one run, however many slots are free
     assert split_batch([1, 2, 3], 1) == [[1, 2, 3]]
+
+
+class _CountingInbox:
+    """A lane's inbox that notes what is put in it (the lane's thread reads it as before)."""
+
+    def __init__(self, inbox: Any) -> None:
+        self.inbox = inbox
+        self.puts: list[Any] = []
+
+    def put(self, item: Any) -> None:
+        self.puts.append(item)
+        self.inbox.put(item)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inbox, name)
+
+
+def test_a_task_for_a_lane_with_nothing_queued_starts_from_the_placing_thread(
+    engine: Engine, plugins: tuple[_Recording, _Recording]
+) -> None:
+    from hetero.framework.scheduler import Dispatch
+
+    held, quick = plugins
+    assert quick.gate is not None and held.gate is not None
+    held.gate.set()
+    engine.submit_stage("held", _x()).result(timeout=60)  # the lane and its batcher exist
+    lane = engine._lanes[("held", ORT_CPU)]
+    inbox = _CountingInbox(lane.inbox)
+    lane.inbox = inbox  # type: ignore[assignment]
+    for _ in range(3):
+        engine.submit_stage("held", _x()).result(timeout=60)
+    assert inbox.puts == []  # no task and no wake-up went through the lane's thread
+    assert held.threads[-3:] == [THREADS] * 3
+
+    # the control: beside another stage's run, a second task waits in the lane's inbox (the
+    # lane's thread keeps it back), and the end of the first run wakes that thread for it
+    held.gate.clear()
+    quick.gate.clear()
+    other = engine.submit_stage("quick", _x())
+    _started(quick)
+    for _ in range(4):  # the runs above
+        _started(held)
+    first = engine.submit_stage("held", _x())
+    _started(held)  # a lane's first batch always runs: from the placing thread too
+    assert inbox.puts == []
+    second = engine.submit_stage("held", _x())
+    assert [type(item) for item in inbox.puts] == [Dispatch]
+    deadline = time.monotonic() + 60
+    while lane.waiting() != 1:  # received by the lane and kept back
+        assert time.monotonic() < deadline, "the lane never received the second task"
+        time.sleep(0.001)
+    held.gate.set()
+    first.result(timeout=60)
+    second.result(timeout=60)
+    assert len(inbox.puts) == 2 and not isinstance(inbox.puts[1], Dispatch)  # the wake-up
+    quick.gate.set()
+    other.result(timeout=60)
