@@ -41,14 +41,14 @@ class CoalescingTransport:
     def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._held: bytes | bytearray | memoryview | None = None
+        self._held: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Hold ``data`` if nothing is held, else send what is held and ``data`` together."""
         held = self._held
         if held is None:
-            if data:
-                self._held = data
+            if data:  # a copy of a buffer the caller may reuse, as the transport would keep
+                self._held = data if isinstance(data, bytes) else bytes(data)
                 self._loop.call_soon(self._flush)
             return
         self._held = None
