@@ -175,6 +175,14 @@ def _started(plugin: _Recording) -> None:
     assert plugin.started.acquire(timeout=60), f"no run of {plugin.name} started"
 
 
+def _kept_back(lane: Any) -> None:
+    """Wait until ``lane`` has received a task and keeps it back (one task waiting there)."""
+    deadline = time.monotonic() + 60
+    while lane.waiting() != 1:
+        assert time.monotonic() < deadline, "the lane never received the second task"
+        time.sleep(0.001)
+
+
 def test_a_stage_alone_on_the_cores_runs_a_second_batch_beside_its_first(
     engine: Engine, plugins: tuple[_Recording, _Recording]
 ) -> None:
@@ -203,11 +211,7 @@ def test_a_further_batch_waits_while_another_stage_has_work_on_the_cores(
     _started(held)
     held.watch = quick.ended  # each further held run notes whether quick's had ended
     second = engine.submit_stage("held", _x())
-    lane = engine._lanes[("held", ORT_CPU)]
-    deadline = time.monotonic() + 60
-    while lane.waiting() != 1:  # received by the lane and kept back
-        assert time.monotonic() < deadline, "the lane never received the second request"
-        time.sleep(0.001)
+    _kept_back(engine._lanes[("held", ORT_CPU)])
     quick.gate.set()
     other.result(timeout=60)
     _started(held)  # beside the first (still held), once quick's work left the cores
@@ -272,10 +276,7 @@ def test_a_task_for_a_lane_with_nothing_queued_starts_from_the_placing_thread(
     assert inbox.puts == []
     second = engine.submit_stage("held", _x())
     assert [type(item) for item in inbox.puts] == [Dispatch]
-    deadline = time.monotonic() + 60
-    while lane.waiting() != 1:  # received by the lane and kept back
-        assert time.monotonic() < deadline, "the lane never received the second task"
-        time.sleep(0.001)
+    _kept_back(lane)
     held.gate.set()
     first.result(timeout=60)
     second.result(timeout=60)
