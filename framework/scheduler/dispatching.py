@@ -263,7 +263,7 @@ class DispatchingMixin(ResidencyMixin, EstimatesMixin, ExploringMixin):
         if self._grouped:
             if was > 0:
                 self._share_correction(tables, index, float(correction[index]) / was)
-            self._batch_counted(tables, index, items, batch_size)
+            self._batch_counted(tables, index, items, batch_size, ratio)
 
     def _share_correction(self, tables: StageTables, index: int, factor: float) -> None:
         """Device ``index``'s measured runs moved its correction by ``factor``: move the

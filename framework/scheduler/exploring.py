@@ -39,21 +39,31 @@ So the runner-up is measured in service, a batch at a time:
   ``EXPLORE_EVERY`` times the load's worth of batches beyond the period (the load as timed
   where it ran, :meth:`~hetero.framework.scheduler.estimates.EstimatesMixin.load_measured`;
   the cost model's guess until then).
-- **What it changes.** The trial's measured correction replaces the shared one half-way (the
-  earlier ranking and the new side-by-side evidence weigh alike) and is not shared with the
-  group (it is this runtime's own evidence, not the resource's level). A runner-up that
-  measures faster becomes the preferred runtime, and the former one the runner-up, measured
-  in turn.
+- **What it changes.** Nothing, until the evidence decides (:mod:`evidence`): the trial's
+  tasks join the runner-up's recent paces, and a rank test compares them with the preferred
+  runtime's (its recent tasks that ran alone). When the test tells them apart
+  (:data:`~hetero.framework.scheduler.evidence.SIGNIFICANT_Z`), the runner-up's estimate is
+  set to the preferred runtime's times the ratio of the two runtimes' median paces (its own
+  evidence: not shared with the group); a runner-up that is then faster becomes the preferred
+  runtime, and the former one the runner-up, tried in turn against the paces it left. While
+  the test cannot tell them apart the ranking stands and the next trial comes after a longer
+  period, so the trials of runtimes that run alike cost less and less and never move the model
+  back and forth. Until 2026-12-07 each trial moved the runner-up's figure half-way to the
+  median of its own four tasks: at concurrency 1 one request's size and the machine's noise
+  moved a task's pace by more than the runtimes differ, and a free stack's images went between
+  the two runtimes after about every other trial.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hetero.framework.scheduler.core_shares import CoreSharesMixin
+from hetero.framework.scheduler.evidence import SIGNIFICANT_Z, Paces, rank_z
 from hetero.framework.scheduler.tables import StageTables
 
 __all__ = ["EXPLORE_EVERY", "ExploringMixin"]
@@ -64,12 +74,20 @@ logger = logging.getLogger(__name__)
 # most 1/33 of a model's batches on a compute resource, each slower by at most the drift that
 # allowed it. Each trial whose runner-up stays the slower doubles the period, up to
 # MAX_BACKOFF times it (a load whose drift the ranking has already survived is checked less
-# and less); a runner-up that takes over resets it.
+# and less) where the evidence shows it slower, UNDECIDED_BACKOFF times while it cannot tell;
+# a runner-up that takes over resets it.
 EXPLORE_EVERY = 32
 MAX_BACKOFF = 32
-# A trial measures at least this many tasks and is judged by their median: one task at
-# concurrency 1 measured 1.34x the other runtime where the probes and 300 requests in process
-# said 1.06-1.09x, and moved the ranking on its own.
+# While a trial's evidence cannot tell the runner-up from the preferred runtime (the rank
+# test, evidence.py), the period backs off only up to this many times: at most one task in 32
+# goes to a runtime not shown slower, and the runner-up's evidence keeps growing (64 tasks in
+# 16 trials) until it decides. In a simulated run of 1,920 tasks at concurrency 1 with 15 %
+# noise a task, a runner-up a tenth faster took the model in 3 of 5 seeds with the period
+# doubling up to MAX_BACKOFF, in 5 of 5 with this limit.
+UNDECIDED_BACKOFF = 4
+# A trial measures at least this many tasks (with the earlier trials' tasks, they are the
+# runner-up's evidence): one task at concurrency 1 measured 1.34x the other runtime where the
+# probes and 300 requests in process said 1.06-1.09x.
 TRIAL_TASKS = 4
 
 
@@ -103,6 +121,7 @@ class ExploringMixin(CoreSharesMixin):
 
     _explore: dict[tuple[str, int], _GroupRecord]  # per (model key, compute group)
     _trials: dict[str, dict[int, _Trial]]  # per model key: trials under way by device
+    _paces: dict[tuple[str, int], Paces]  # per (model key, device): recent paces, alone
 
     def _init_exploring(self) -> None:
         self._calibrated = {}
@@ -111,6 +130,7 @@ class ExploringMixin(CoreSharesMixin):
         self._core_weights = {}
         self._explore = {}
         self._trials = {}
+        self._paces = {}
 
     def _trial_mask(self, tables: StageTables, mask: np.ndarray) -> np.ndarray | None:
         """``mask`` without the other devices of the compute resource of each trial of this
@@ -173,40 +193,69 @@ class ExploringMixin(CoreSharesMixin):
             assert trials is not None
             del trials[index]
             if trial.ratios:
-                self._judge_trial(tables, trial, float(np.median(trial.ratios)))
+                self._judge_trial(tables, trial)
         return True
 
-    def _judge_trial(self, tables: StageTables, trial: _Trial, measured: float) -> None:
-        """Move the runner-up's correction half-way to what it measured; back the period off
-        while it stays the slower."""
-        index = trial.device
+    def _record_pace(self, tables: StageTables, index: int, ratio: float) -> Paces:
+        """Keep a task's pace on device ``index`` (``ratio``: measured over modelled) among the
+        recent ones of its model there (:class:`~hetero.framework.scheduler.evidence.Paces`);
+        those paces."""
+        paces = self._paces.setdefault((tables.costs.key, index), Paces())
+        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
+        if ratio > 0 and unit > 0:
+            paces.add(math.log(ratio * unit))
+        return paces
+
+    def _judge_trial(self, tables: StageTables, trial: _Trial) -> None:
+        """Add the trial's paces to the runner-up's and compare them with the preferred
+        runtime's (module docstring): where the rank test tells them apart, the runner-up's
+        estimate follows the ratio of their median paces; the period backs off while it stays
+        the slower."""
+        index, preferred = trial.device, trial.preferred
+        paces = self._paces.setdefault((tables.costs.key, index), Paces())
+        for ratio in trial.ratios:
+            self._record_pace(tables, index, ratio)
+        incumbent = self._paces.get((tables.costs.key, preferred))
+        z = rank_z(paces.values, incumbent.values) if incumbent is not None else 0.0
         correction = tables.correction
-        correction[index] += 0.5 * (measured - correction[index])
-        tables.refresh(index)
+        if abs(z) >= SIGNIFICANT_Z:
+            assert incumbent is not None
+            pace = float(tables.unit_s[preferred]) * math.exp(paces.median() - incumbent.median())
+            correction[index] = pace / float(tables.costs.marginal_s[index, 0])
+            tables.refresh(index)
         self.stats.counts["runtime_trials"] += 1
         group = int(self._compute_group[index])
         record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
-        if float(tables.unit_s[index]) < float(tables.unit_s[trial.preferred]):
+        if float(tables.unit_s[index]) < float(tables.unit_s[preferred]):
             record.period = EXPLORE_EVERY  # it takes over: the new ranking is checked as often
-        else:
+            self.stats.counts["runtime_takeovers"] += 1
+        elif z >= SIGNIFICANT_Z:  # told apart, and slower: checked less and less
             record.period = min(record.period * 2, EXPLORE_EVERY * MAX_BACKOFF)
+        else:  # not yet told apart: the evidence grows at the same rate
+            record.period = min(record.period * 2, EXPLORE_EVERY * UNDECIDED_BACKOFF)
         logger.info(
-            "%s: runner-up %s tried under load: %.2fx the cost model (correction now %.2f; "
-            "one item %.2f ms there, %.2f ms on %s; next trial after %d batches)",
+            "%s: runner-up %s tried under load: %d tasks there against %d on %s, rank test "
+            "z %.1f (%s; one item %.2f ms there, %.2f ms on %s; next trial after %d batches)",
             tables.costs.key,
             self.devices[index].id,
-            measured,
-            float(correction[index]),
+            len(paces),
+            len(incumbent) if incumbent is not None else 0,
+            self.devices[preferred].id,
+            z,
+            "told apart" if abs(z) >= SIGNIFICANT_Z else "not told apart: the ranking stands",
             float(tables.unit_s[index]) * 1e3,
-            float(tables.unit_s[trial.preferred]) * 1e3,
-            self.devices[trial.preferred].id,
+            float(tables.unit_s[preferred]) * 1e3,
+            self.devices[preferred].id,
             int(record.period),
         )
 
-    def _batch_counted(self, tables: StageTables, index: int, items: int, batch_size: int) -> None:
+    def _batch_counted(
+        self, tables: StageTables, index: int, items: int, batch_size: int, ratio: float
+    ) -> None:
         """A task of ``items`` items of a batch of ``batch_size`` items finished on ``index``
-        (the preferred runtime): after a period of batches (:data:`EXPLORE_EVERY`, backed
-        off), start a trial of the runner-up if it may be faster (module docstring)."""
+        (the preferred runtime) at ``ratio`` times the cost model's figure: keep its pace if
+        it ran alone, and after a period of batches (:data:`EXPLORE_EVERY`, backed off) start
+        a trial of the runner-up if it may be faster (module docstring)."""
         group = int(self._compute_group[index])
         record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
         stage = tables.costs.key.split("/", 1)[0]
@@ -219,6 +268,7 @@ class ExploringMixin(CoreSharesMixin):
             # then forgot the load's level, ``measured_smoothing``)
             record.batches = 0
             return
+        self._record_pace(tables, index, ratio)  # what a trial is judged against
         batch_size = max(1, batch_size)
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
         if record.batches < record.period:
