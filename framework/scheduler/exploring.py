@@ -50,8 +50,8 @@ So the runner-up is measured in service, a batch at a time:
   period, so the trials of runtimes that run alike cost less and less and never move the model
   back and forth. Until 2026-12-07 each trial moved the runner-up's figure half-way to the
   median of its own four tasks: at concurrency 1 one request's size and the machine's noise
-  moved a task's pace by more than the runtimes differ, and a free stack's images went between
-  the two runtimes after about every other trial.
+  moved a task's pace by more than the runtimes differ, and a free stack changed its images'
+  runtime four times in eleven trials.
 """
 
 from __future__ import annotations
