@@ -39,19 +39,21 @@ So the runner-up is measured in service, a batch at a time:
   ``EXPLORE_EVERY`` times the load's worth of batches beyond the period (the load as timed
   where it ran, :meth:`~hetero.framework.scheduler.estimates.EstimatesMixin.load_measured`;
   the cost model's guess until then).
-- **What it changes.** Nothing, until the evidence decides (:mod:`evidence`): the trial's
-  tasks join the runner-up's recent paces, and a rank test compares them with the preferred
-  runtime's (its recent tasks that ran alone). When the test tells them apart
-  (:data:`~hetero.framework.scheduler.evidence.SIGNIFICANT_Z`), the runner-up's estimate is
-  set to the preferred runtime's times the ratio of the two runtimes' median paces (its own
-  evidence: not shared with the group); a runner-up that is then faster becomes the preferred
-  runtime, and the former one the runner-up, tried in turn against the paces it left. While
+- **What it changes.** Nothing, until the evidence decides (:mod:`evidence`): each trial
+  task's pace is compared with the preferred runtime's just before the trial (the median of
+  its last tasks that ran alone), the differences are kept per pair of runtimes across trials,
+  and a signed-rank test says whether they lie below zero or above it. When it tells the two
+  apart (:data:`~hetero.framework.scheduler.evidence.SIGNIFICANT_Z`), the runner-up's estimate
+  is set to the preferred runtime's times the median difference (its own evidence: not shared
+  with the group); a runner-up that is then faster becomes the preferred runtime, and the
+  former one the runner-up, tried in turn with the pair's evidence read the other way. While
   the test cannot tell them apart the ranking stands and the next trial comes after a longer
-  period, so the trials of runtimes that run alike cost less and less and never move the model
-  back and forth. Until 2026-12-07 each trial moved the runner-up's figure half-way to the
-  median of its own four tasks: at concurrency 1 one request's size and the machine's noise
-  moved a task's pace by more than the runtimes differ, and a free stack changed its images'
-  runtime four times in eleven trials.
+  period (at most :data:`UNDECIDED_BACKOFF` times as long). Until 2026-12-07 each trial moved
+  the runner-up's figure half-way to the median of its own four tasks: at concurrency 1 one
+  request's size and the machine's noise moved a task's pace by more than the runtimes
+  differ, and a free stack changed its images' runtime four times in eleven trials. Comparing
+  a trial with the preferred runtime's paces from other minutes does no better on a machine
+  whose speed drifts: a first version of the test that did changed runtimes five times in 80 s.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetero.framework.scheduler.core_shares import CoreSharesMixin
-from hetero.framework.scheduler.evidence import SIGNIFICANT_Z, Paces, rank_z
+from hetero.framework.scheduler.evidence import SIGNIFICANT_Z, Paces, PairEvidence, signed_rank_z
 from hetero.framework.scheduler.tables import StageTables
 
 __all__ = ["EXPLORE_EVERY", "ExploringMixin"]
@@ -122,6 +124,7 @@ class ExploringMixin(CoreSharesMixin):
     _explore: dict[tuple[str, int], _GroupRecord]  # per (model key, compute group)
     _trials: dict[str, dict[int, _Trial]]  # per model key: trials under way by device
     _paces: dict[tuple[str, int], Paces]  # per (model key, device): recent paces, alone
+    _pairs: dict[tuple[str, int, int], PairEvidence]  # per (model key, two devices, ordered)
 
     def _init_exploring(self) -> None:
         self._calibrated = {}
@@ -131,6 +134,7 @@ class ExploringMixin(CoreSharesMixin):
         self._explore = {}
         self._trials = {}
         self._paces = {}
+        self._pairs = {}
 
     def _trial_mask(self, tables: StageTables, mask: np.ndarray) -> np.ndarray | None:
         """``mask`` without the other devices of the compute resource of each trial of this
@@ -196,32 +200,36 @@ class ExploringMixin(CoreSharesMixin):
                 self._judge_trial(tables, trial)
         return True
 
-    def _record_pace(self, tables: StageTables, index: int, ratio: float) -> Paces:
+    def _record_pace(self, tables: StageTables, index: int, ratio: float) -> None:
         """Keep a task's pace on device ``index`` (``ratio``: measured over modelled) among the
-        recent ones of its model there (:class:`~hetero.framework.scheduler.evidence.Paces`);
-        those paces."""
-        paces = self._paces.setdefault((tables.costs.key, index), Paces())
+        last ones of its model there (:class:`~hetero.framework.scheduler.evidence.Paces`):
+        what a trial of another runtime is compared with."""
         unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
         if ratio > 0 and unit > 0:
-            paces.add(math.log(ratio * unit))
-        return paces
+            self._paces.setdefault((tables.costs.key, index), Paces()).add(math.log(ratio * unit))
 
     def _judge_trial(self, tables: StageTables, trial: _Trial) -> None:
-        """Add the trial's paces to the runner-up's and compare them with the preferred
-        runtime's (module docstring): where the rank test tells them apart, the runner-up's
-        estimate follows the ratio of their median paces; the period backs off while it stays
-        the slower."""
-        index, preferred = trial.device, trial.preferred
-        paces = self._paces.setdefault((tables.costs.key, index), Paces())
-        for ratio in trial.ratios:
-            self._record_pace(tables, index, ratio)
-        incumbent = self._paces.get((tables.costs.key, preferred))
-        z = rank_z(paces.values, incumbent.values) if incumbent is not None else 0.0
+        """Compare the trial's paces with the preferred runtime's just before it, add the
+        differences to the pair's evidence, and test it (module docstring): where the test
+        tells the two apart, the runner-up's estimate is the preferred runtime's times the
+        median difference; the period backs off while it stays the slower."""
+        key, index, preferred = tables.costs.key, trial.device, trial.preferred
+        evidence = self._pairs.setdefault(
+            (key, min(index, preferred), max(index, preferred)), PairEvidence(min(index, preferred))
+        )
+        before = self._paces.get((key, preferred))
+        baseline = before.median() if before is not None else math.nan
+        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
+        if not math.isnan(baseline) and unit > 0:
+            for ratio in trial.ratios:
+                if ratio > 0:
+                    evidence.add(index, math.log(ratio * unit) - baseline)
+        differences = evidence.toward(index)
+        z = signed_rank_z(differences)
         correction = tables.correction
         if abs(z) >= SIGNIFICANT_Z:
-            assert incumbent is not None
-            pace = float(tables.unit_s[preferred]) * math.exp(paces.median() - incumbent.median())
-            correction[index] = pace / float(tables.costs.marginal_s[index, 0])
+            pace = float(tables.unit_s[preferred]) * math.exp(float(np.median(differences)))
+            correction[index] = pace / unit
             tables.refresh(index)
         self.stats.counts["runtime_trials"] += 1
         group = int(self._compute_group[index])
@@ -234,12 +242,12 @@ class ExploringMixin(CoreSharesMixin):
         else:  # not yet told apart: the evidence grows at the same rate
             record.period = min(record.period * 2, EXPLORE_EVERY * UNDECIDED_BACKOFF)
         logger.info(
-            "%s: runner-up %s tried under load: %d tasks there against %d on %s, rank test "
-            "z %.1f (%s; one item %.2f ms there, %.2f ms on %s; next trial after %d batches)",
-            tables.costs.key,
+            "%s: runner-up %s tried under load: %d tasks there, each against %s's just "
+            "before, rank test z %.1f (%s; one item %.2f ms there, %.2f ms on %s; next trial "
+            "after %d batches)",
+            key,
             self.devices[index].id,
-            len(paces),
-            len(incumbent) if incumbent is not None else 0,
+            len(evidence),
             self.devices[preferred].id,
             z,
             "told apart" if abs(z) >= SIGNIFICANT_Z else "not told apart: the ranking stands",
