@@ -84,7 +84,7 @@ MAX_BACKOFF = 32
 # test, evidence.py), the period backs off only up to this many times: at most one task in 32
 # goes to a runtime not shown slower, and the runner-up's evidence keeps growing (64 tasks in
 # 16 trials) until it decides. In a simulated run of 1,920 tasks at concurrency 1 with 15 %
-# noise a task, a runner-up a tenth faster took the model in 3 of 5 seeds with the period
+# noise a task, a runner-up a tenth faster took the model in 4 of 5 seeds with the period
 # doubling up to MAX_BACKOFF, in 5 of 5 with this limit.
 UNDECIDED_BACKOFF = 4
 # A trial measures at least this many tasks (with the earlier trials' tasks, they are the
@@ -227,7 +227,7 @@ class ExploringMixin(CoreSharesMixin):
         differences = evidence.toward(index)
         z = signed_rank_z(differences)
         correction = tables.correction
-        if abs(z) >= SIGNIFICANT_Z:
+        if abs(z) >= SIGNIFICANT_Z and unit > 0:
             pace = float(tables.unit_s[preferred]) * math.exp(float(np.median(differences)))
             correction[index] = pace / unit
             tables.refresh(index)
@@ -261,9 +261,10 @@ class ExploringMixin(CoreSharesMixin):
         self, tables: StageTables, index: int, items: int, batch_size: int, ratio: float
     ) -> None:
         """A task of ``items`` items of a batch of ``batch_size`` items finished on ``index``
-        (the preferred runtime) at ``ratio`` times the cost model's figure: keep its pace if
-        it ran alone, and after a period of batches (:data:`EXPLORE_EVERY`, backed off) start
-        a trial of the runner-up if it may be faster (module docstring)."""
+        (the preferred runtime) at ``ratio`` times the cost model's figure: keep its pace
+        (where core shares are measured, only if it ran alone), and after a period of batches
+        (:data:`EXPLORE_EVERY`, backed off) start a trial of the runner-up if it may be faster
+        (module docstring)."""
         group = int(self._compute_group[index])
         record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
         stage = tables.costs.key.split("/", 1)[0]
