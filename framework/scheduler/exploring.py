@@ -204,9 +204,9 @@ class ExploringMixin(CoreSharesMixin):
         """Keep a task's pace on device ``index`` (``ratio``: measured over modelled) among the
         last ones of its model there (:class:`~hetero.framework.scheduler.evidence.Paces`):
         what a trial of another runtime is compared with."""
-        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
-        if ratio > 0 and unit > 0:
-            self._paces.setdefault((tables.costs.key, index), Paces()).add(math.log(ratio * unit))
+        pace = _log_pace(tables, index, ratio)
+        if pace is not None:
+            self._paces.setdefault((tables.costs.key, index), Paces()).add(pace)
 
     def _judge_trial(self, tables: StageTables, trial: _Trial) -> None:
         """Compare the trial's paces with the preferred runtime's just before it, add the
@@ -219,17 +219,18 @@ class ExploringMixin(CoreSharesMixin):
         )
         before = self._paces.get((key, preferred))
         baseline = before.median() if before is not None else math.nan
-        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
-        if not math.isnan(baseline) and unit > 0:
+        if not math.isnan(baseline):
             for ratio in trial.ratios:
-                if ratio > 0:
-                    evidence.add(index, math.log(ratio * unit) - baseline)
+                pace = _log_pace(tables, index, ratio)
+                if pace is not None:
+                    evidence.add(index, pace - baseline)
         differences = evidence.toward(index)
         z = signed_rank_z(differences)
         correction = tables.correction
+        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
         if abs(z) >= SIGNIFICANT_Z and unit > 0:
-            pace = float(tables.unit_s[preferred]) * math.exp(float(np.median(differences)))
-            correction[index] = pace / unit
+            estimate = float(tables.unit_s[preferred]) * math.exp(float(np.median(differences)))
+            correction[index] = estimate / unit
             tables.refresh(index)
         self.stats.counts["runtime_trials"] += 1
         group = int(self._compute_group[index])
@@ -354,6 +355,14 @@ class ExploringMixin(CoreSharesMixin):
             [index, *others], key=lambda m: estimate(m, self._calibrated.get((key, m), 1.0))
         )
         return warm_best if warm_best != index else None
+
+
+def _log_pace(tables: StageTables, device: int, ratio: float) -> float | None:
+    """A task's pace on ``device`` (``ratio``: measured over modelled) as the logarithm of one
+    item's time there: the cost model's one-item figure, uncorrected, times ``ratio``, so two
+    runtimes' paces compare directly (None where either is not positive)."""
+    unit = float(tables.costs.marginal_s[device, 0])
+    return math.log(ratio * unit) if ratio > 0 and unit > 0 else None
 
 
 def _batch_estimate(
