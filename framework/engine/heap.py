@@ -4,7 +4,11 @@ and the objects of start-up kept out of the garbage collector's full collections
 glibc keeps memory that Python, ONNX Runtime and the tokenizers freed in its arenas (one per
 thread that allocated), so a single large request leaves the process hundreds of MB bigger
 for good. ``malloc_trim(0)`` returns the free pages of every arena; elsewhere (musl, macOS)
-there is nothing to call and this does nothing.
+there is nothing to call and this does nothing. Start-up frees much: warm-up compiles each stage
+on every runtime that can run it, times it and releases all but the chosen copies. Trimmed
+once the server is ready (:func:`freeze_long_lived`), the bench's two-model policy pinned to ONNX
+Runtime sat idle at 333 MB instead of 364, pinned to OpenVINO at 423 instead of 486
+(2026-12-07).
 
 A server that has loaded its models holds 100,000-450,000 Python objects (the runtimes', the
 tokenizers', the policy's: 116,000 for the bench policy pinned to ONNX Runtime, 436,000 unpinned,
@@ -56,12 +60,14 @@ def release_free_memory() -> bool:
 
 
 def freeze_long_lived() -> int:
-    """Collect, then keep every object alive now out of later collections (``gc.freeze``):
-    for a server once it is ready. How many objects are frozen."""
+    """Collect, then keep every object alive now out of later collections (``gc.freeze``),
+    and hand the pages freed since back to the OS (:func:`release_free_memory`): for a server
+    once it is ready, and after a model is released. How many objects are frozen."""
     began = time.perf_counter()
     gc.unfreeze()  # what an earlier call froze and has since become garbage is collected too
     gc.collect()
     gc.freeze()
+    release_free_memory()
     frozen = gc.get_freeze_count()
     logger.info("froze %d objects in %.0f ms", frozen, (time.perf_counter() - began) * 1000)
     return frozen

@@ -83,3 +83,29 @@ def test_evicting_a_model_from_a_device_collects_it_in_a_frozen_server() -> None
     freeze_long_lived()  # the server is ready: the model is frozen with the rest
     models.evict("mm/full")
     assert ref() is None
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_memory_freed_before_the_server_is_ready_goes_back_to_the_os() -> None:
+    """Warm-up frees much (copies timed and released); glibc keeps such pages in its
+    arenas until they are trimmed, which readiness does."""
+    import numpy as np
+
+    from hetero.framework.engine.heap import release_free_memory
+
+    if not release_free_memory():
+        pytest.skip("no malloc_trim: not glibc")
+    blocks = [np.ones(8_000) for _ in range(4_000)]  # 64 KB each: malloc's heap, not mmap
+    kept = blocks[::50]  # live blocks between the freed ones keep the heap from shrinking
+    del blocks
+    gc.collect()
+    held = _rss_bytes()
+    freeze_long_lived()
+    assert held - _rss_bytes() > 100 * 2**20  # of the 250 MB freed, most is returned
+    del kept
