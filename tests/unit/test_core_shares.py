@@ -212,3 +212,42 @@ def test_while_busy_the_shares_move_a_stage_only_by_more_than_the_probes_spread(
     assert placed.device_id == choice
     scheduler.completed(placed, ok=True, run_s=0.1, batch_size=1)
     scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
+
+
+def _beside_vision(scheduler: Scheduler, tasks: int, pace: dict[str, float]) -> list[str]:
+    """``tasks`` embeddings one after another while a vision task stays in flight on the same
+    cores, each running ``pace[device]`` times the cost model's figure there; where they ran."""
+    running = _place(scheduler, "vision")
+    tables = scheduler.tables["embed/full"]
+    ran = []
+    for _ in range(tasks):
+        dispatch = _place(scheduler, "embed")
+        index = scheduler.fleet.index[dispatch.device_id]
+        run_s = pace[dispatch.device_id] * float(tables.costs.batch_s[index][1])
+        scheduler.completed(dispatch, ok=True, run_s=run_s, batch_size=1)
+        ran.append(dispatch.device_id)
+    scheduler.completed(running, ok=True, run_s=0.1, batch_size=1)
+    return ran
+
+
+@pytest.mark.parametrize(("lean_pace", "busy_choice"), [(0.7, LEAN), (1.0, FAST)])
+def test_beside_other_work_a_runner_up_is_tried_there_and_takes_what_it_runs_faster(
+    lean_pace: float, busy_choice: str
+) -> None:
+    """The shares rank FAST first while the cores are busy too (1.11x its time alone against
+    LEAN's 1.2x), within the probes' spread of LEAN, so LEAN is tried beside the other work,
+    against FAST's runs beside it. Measured 0.84x FAST's time there, it takes the embeddings
+    placed while the cores are busy, and the ranking alone stands (FAST, 1.2x faster alone
+    by the probes and not tried alone here). The control: LEAN measured as the cost model
+    says (1.2x FAST's time) stays the runner-up beside other work too."""
+    scheduler = _scheduler({FAST: 1.0, LEAN: 0.9})
+    for device in (FAST, LEAN):
+        scheduler.probe_spread("embed", device, 1.3)
+    ran = _beside_vision(scheduler, 8 * EXPLORE_EVERY, {FAST: 1.0, LEAN: lean_pace})
+    assert ran[:EXPLORE_EVERY] == [FAST] * EXPLORE_EVERY  # the shares' choice, a period first
+    assert scheduler.stats.counts["runtime_trials_busy"] >= 1
+    assert ran[-2:] == [busy_choice] * 2
+    assert scheduler.stats.counts["runtime_trials"] == 0  # nothing was tried alone
+    alone = _place(scheduler, "embed")
+    assert alone.device_id == FAST  # alone, the ranking warm-up measured
+    scheduler.completed(alone, ok=True, run_s=0.1, batch_size=1)
