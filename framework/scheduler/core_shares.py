@@ -58,9 +58,6 @@ class CoreSharesMixin(SchedulerState):
             return
         self._core_share[(stage, self.fleet.index[device_id])] = share
         self._core_weights[stage] = self._weights_of(stage)
-        # measured afresh (a warm-up again): what service measured beside other work goes
-        self._busy_told = {told for told in self._busy_told if told[0] != stage}
-        self._busy_ratios = {k: v for k, v in self._busy_ratios.items() if k[0] != stage}
 
     def core_share_of(self, stage: str, device_id: str) -> float | None:
         """The share :meth:`probe_core_share` was given (None: none was measured)."""
@@ -127,10 +124,7 @@ class CoreSharesMixin(SchedulerState):
         self, stage: str, lean: int, fastest: int, lean_cost: float, fastest_cost: float
     ) -> bool:
         """Whether ``lean``'s busy estimate is below ``fastest``'s by more than the spread of
-        the probes on either of the two; by anything once trials beside other work told the
-        stage's runtimes of this compute resource apart (:mod:`.exploring`)."""
-        if (stage, int(self._compute_group[lean])) in self._busy_told:
-            return fastest_cost > lean_cost
+        the probes on either of the two."""
         spread = self._probe_spread
         band = max(spread.get((stage, lean), 1.0), spread.get((stage, fastest), 1.0))
         return fastest_cost > lean_cost * band

@@ -19,22 +19,14 @@ So the runner-up is measured in service, a batch at a time:
   preferred runtime is not the one warm-up found fastest: service evidence overrode warm-up's,
   and it goes on being checked (the load that made it may have passed). Otherwise nothing is
   explored: a cost model that holds, between runtimes the probes told apart, costs nothing.
-  Where warm-up measured the runtimes' core shares (:mod:`~hetero.framework.scheduler.core_shares`),
-  placement ranks the runtimes twice: alone (wall time) and while other work runs on the
-  cores (weighed by the shares), and each ranking has its own trials. A trial alone starts
-  only after a period of batches that ran alone, from the last one that did not (right
-  after a busy spell a runner-up timed alone, judged against the load's level, looked
-  faster than it is: on the bench a stage moved to the runtime 6 % slower alone at
-  concurrency 1 after every point at 32). A trial **beside other work** counts the
-  batches that ran beside it, measures the runner-up of the busy ranking there (a task of
-  it that ends up running alone is not counted), and is judged against the preferred
-  runtime's batches beside other work: the shares are one warm-up measure of batches of one,
-  and what a runtime costs next to another model's batches at the load's batch sizes is
-  what decides under load (on the bench machine, OpenVINO's images beside its own
-  embeddings ran at half ONNX Runtime's pace, 43 against 21 ms an image, where the
-  shares had them within 18 %). Its verdict sets the runner-up's share so that its busy
-  estimate is the preferred runtime's times the median difference, and from then on the
-  probes' spread no longer holds that busy ranking back.
+  Where warm-up measured the runtimes' core shares, a trial starts only while the cores run
+  nothing else (:mod:`~hetero.framework.scheduler.core_shares`): a trial's wall time is
+  the probe's measure, and beside other work it rewards the runtime that takes more cores.
+  Its period then counts only batches that ran alone, from the last one that did not: the
+  preferred runtime's correction, which the trial is judged against, is learnt from every
+  batch, and right after a busy spell it still holds the load's level, against which a
+  runner-up timed alone looked faster than it is (on the bench, a stage moved to the
+  runtime 6 % slower alone at concurrency 1 after every point at 32).
 - **How often.** After every :data:`EXPLORE_EVERY` batches of the model on the group, the next
   batch goes to the runner-up (the best estimate of the group's other runtimes that is loaded
   or fits in free memory: a trial never evicts), of the size the preferred one last ran and at
@@ -105,15 +97,13 @@ TRIAL_TASKS = 4
 class _Trial:
     """A runner-up being measured against the preferred runtime: tasks still to send it,
     tasks sent and not finished, the ratios measured (measured over modelled, per finished
-    task), whether its first task only warms it up (it was not loaded), whether it measures
-    the runtimes while other work runs on their cores (``busy``) or alone, and tasks of the
-    model placed elsewhere while it was given none."""
+    task), whether its first task only warms it up (it was not loaded), and tasks of the model
+    placed elsewhere while it was given none."""
 
     device: int
     preferred: int
     size: int
     warming: bool
-    busy: bool = False
     left: int = 0
     sent: int = 0
     passed: int = 0
@@ -131,11 +121,10 @@ class _GroupRecord:
 class ExploringMixin(CoreSharesMixin):
     """Trials of the runner-up runtime of a compute resource (module docstring)."""
 
-    _explore: dict[tuple[str, int, bool], _GroupRecord]  # per (model key, group, busy)
+    _explore: dict[tuple[str, int], _GroupRecord]  # per (model key, compute group)
     _trials: dict[str, dict[int, _Trial]]  # per model key: trials under way by device
-    _paces: dict[tuple[str, int, bool], Paces]  # per (model key, device, busy): recent paces
-    # per (model key, two devices in order, busy): the paired differences measured
-    _pairs: dict[tuple[str, int, int, bool], PairEvidence]
+    _paces: dict[tuple[str, int], Paces]  # per (model key, device): recent paces, alone
+    _pairs: dict[tuple[str, int, int], PairEvidence]  # per (model key, two devices, ordered)
 
     def _init_exploring(self) -> None:
         self._calibrated = {}
@@ -146,8 +135,6 @@ class ExploringMixin(CoreSharesMixin):
         self._trials = {}
         self._paces = {}
         self._pairs = {}
-        self._busy_told = set()
-        self._busy_ratios = {}
 
     def _trial_mask(self, tables: StageTables, mask: np.ndarray) -> np.ndarray | None:
         """``mask`` without the other devices of the compute resource of each trial of this
@@ -204,8 +191,6 @@ class ExploringMixin(CoreSharesMixin):
             trial.warming = False
             trial.left = trial.size
             return True
-        if trial.busy and self._ran_alone(tables, index):
-            ratio = None  # the load passed: not the pace under load this trial measures
         if ratio is not None:
             trial.ratios.append(ratio)
         if trial.left == 0 and trial.sent == 0:
@@ -215,25 +200,24 @@ class ExploringMixin(CoreSharesMixin):
                 self._judge_trial(tables, trial)
         return True
 
-    def _record_pace(self, tables: StageTables, index: int, ratio: float, busy: bool) -> None:
+    def _record_pace(self, tables: StageTables, index: int, ratio: float) -> None:
         """Keep a task's pace on device ``index`` (``ratio``: measured over modelled) among the
-        last ones of its model there that ran alone, or beside other work (``busy``)
-        (:class:`~hetero.framework.scheduler.evidence.Paces`): what a trial of another
-        runtime in the same condition is compared with."""
+        last ones of its model there (:class:`~hetero.framework.scheduler.evidence.Paces`):
+        what a trial of another runtime is compared with."""
         pace = _log_pace(tables, index, ratio)
         if pace is not None:
-            self._paces.setdefault((tables.costs.key, index, busy), Paces()).add(pace)
+            self._paces.setdefault((tables.costs.key, index), Paces()).add(pace)
 
     def _judge_trial(self, tables: StageTables, trial: _Trial) -> None:
         """Compare the trial's paces with the preferred runtime's just before it, add the
-        differences to the pair's evidence (the trial's condition's: alone, or beside other
-        work), and test it (module docstring): where the test tells the two apart, the
-        runner-up's estimate in that condition is the preferred runtime's times the median
-        difference; the period backs off while it stays the slower."""
-        key, index, preferred, busy = tables.costs.key, trial.device, trial.preferred, trial.busy
-        first, second = min(index, preferred), max(index, preferred)
-        evidence = self._pairs.setdefault((key, first, second, busy), PairEvidence(first))
-        before = self._paces.get((key, preferred, busy))
+        differences to the pair's evidence, and test it (module docstring): where the test
+        tells the two apart, the runner-up's estimate is the preferred runtime's times the
+        median difference; the period backs off while it stays the slower."""
+        key, index, preferred = tables.costs.key, trial.device, trial.preferred
+        evidence = self._pairs.setdefault(
+            (key, min(index, preferred), max(index, preferred)), PairEvidence(min(index, preferred))
+        )
+        before = self._paces.get((key, preferred))
         baseline = before.median() if before is not None else math.nan
         if not math.isnan(baseline):
             for ratio in trial.ratios:
@@ -242,87 +226,37 @@ class ExploringMixin(CoreSharesMixin):
                     evidence.add(index, pace - baseline)
         differences = evidence.toward(index)
         z = signed_rank_z(differences)
+        correction = tables.correction
+        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
+        if abs(z) >= SIGNIFICANT_Z and unit > 0:
+            estimate = float(tables.unit_s[preferred]) * math.exp(float(np.median(differences)))
+            correction[index] = estimate / unit
+            tables.refresh(index)
+        self.stats.counts["runtime_trials"] += 1
         group = int(self._compute_group[index])
-        stage = key.split("/", 1)[0]
-        if abs(z) >= SIGNIFICANT_Z:
-            ratio = math.exp(float(np.median(differences)))
-            if busy:
-                self._busy_verdict(stage, tables, index, preferred, ratio)
-            else:
-                self._alone_verdict(tables, index, preferred, ratio)
-        self.stats.counts["runtime_trials_busy" if busy else "runtime_trials"] += 1
-        record = self._explore.setdefault((key, group, busy), _GroupRecord())
-        if self._trial_estimate(stage, tables, index, busy) < self._trial_estimate(
-            stage, tables, preferred, busy
-        ):
+        record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
+        if float(tables.unit_s[index]) < float(tables.unit_s[preferred]):
             record.period = EXPLORE_EVERY  # it takes over: the new ranking is checked as often
-            self.stats.counts["runtime_takeovers_busy" if busy else "runtime_takeovers"] += 1
+            self.stats.counts["runtime_takeovers"] += 1
         elif z >= SIGNIFICANT_Z:  # told apart, and slower: checked less and less
             record.period = min(record.period * 2, EXPLORE_EVERY * MAX_BACKOFF)
         else:  # not yet told apart: the evidence grows at the same rate
             record.period = min(record.period * 2, EXPLORE_EVERY * UNDECIDED_BACKOFF)
         logger.info(
-            "%s: runner-up %s tried in service (%s): %d tasks there, each against %s's just "
+            "%s: runner-up %s tried under load: %d tasks there, each against %s's just "
             "before, rank test z %.1f (%s; one item %.2f ms there, %.2f ms on %s; next trial "
             "after %d batches)",
             key,
             self.devices[index].id,
-            "beside other work on its cores" if busy else "alone on its cores",
             len(evidence),
             self.devices[preferred].id,
             z,
             "told apart" if abs(z) >= SIGNIFICANT_Z else "not told apart: the ranking stands",
-            self._trial_estimate(stage, tables, index, busy) * 1e3,
-            self._trial_estimate(stage, tables, preferred, busy) * 1e3,
+            float(tables.unit_s[index]) * 1e3,
+            float(tables.unit_s[preferred]) * 1e3,
             self.devices[preferred].id,
             int(record.period),
         )
-
-    def _alone_verdict(self, tables: StageTables, index: int, preferred: int, ratio: float) -> None:
-        """Runs alone told the two apart: ``index``'s estimate is ``preferred``'s times
-        ``ratio`` (its own correction: not shared with the group)."""
-        unit = float(tables.costs.marginal_s[index, 0])  # one item as modelled, uncorrected
-        if unit > 0:
-            tables.correction[index] = float(tables.unit_s[preferred]) * ratio / unit
-            tables.refresh(index)
-            self._apply_busy_ratios(tables.costs.key.split("/", 1)[0], tables)
-
-    def _busy_verdict(
-        self, stage: str, tables: StageTables, index: int, preferred: int, ratio: float
-    ) -> None:
-        """Runs beside other work told the two apart: ``index``'s estimate while the cores
-        are busy is ``preferred``'s times ``ratio``, through its core share (the weight
-        placement gives it then: :mod:`~hetero.framework.scheduler.core_shares`), and the
-        probes' spread no longer holds the busy ranking back: service measured it."""
-        if (stage, preferred) not in self._core_share:
-            return
-        self._busy_ratios[(stage, index)] = (preferred, ratio)
-        self._busy_told.add((stage, int(self._compute_group[index])))
-        self._apply_busy_ratios(stage, tables)
-
-    def _apply_busy_ratios(self, stage: str, tables: StageTables) -> None:
-        """Set the core shares of ``stage``'s runtimes that trials beside other work measured,
-        so that each one's busy estimate is its reference runtime's times the ratio measured:
-        the shares weigh the estimates alone, so they are set again whenever an estimate
-        alone moves (a verdict of runs alone), and the busy ranking stays what was measured."""
-        changed = False
-        for (named, index), (reference, ratio) in self._busy_ratios.items():
-            share = self._core_share.get((stage, reference))
-            unit = float(tables.unit_s[index])
-            if named != stage or share is None or unit <= 0:
-                continue
-            busy_s = share * float(tables.unit_s[reference]) * ratio  # the reference's, times
-            self._core_share[(stage, index)] = busy_s / unit
-            changed = True
-        if changed:
-            self._core_weights[stage] = self._weights_of(stage)
-
-    def _trial_estimate(self, stage: str, tables: StageTables, device: int, busy: bool) -> float:
-        """One item's estimate on ``device``: alone, or while its cores are busy (weighed by
-        its core share)."""
-        weights = self._core_weights.get(stage) if busy else None
-        weight = float(weights[device]) if weights is not None and device < len(weights) else 1.0
-        return float(tables.unit_s[device]) * weight
 
     def _batch_counted(
         self, tables: StageTables, index: int, items: int, batch_size: int, ratio: float
@@ -333,17 +267,18 @@ class ExploringMixin(CoreSharesMixin):
         (:data:`EXPLORE_EVERY`, backed off) start a trial of the runner-up if it may be faster
         (module docstring)."""
         group = int(self._compute_group[index])
-        key = tables.costs.key
-        stage = key.split("/", 1)[0]
-        busy = stage in self._core_weights and not self._ran_alone(tables, index)
-        if busy:
-            # a trial alone times a runtime as warm-up's probe did: while the cores run other
-            # work too, a batch's pace is not that, so the period of trials alone starts
-            # again (a trial alone waits for a period of batches run alone); this batch counts
-            # toward a trial beside other work instead, judged against such batches
-            self._explore.setdefault((key, group, False), _GroupRecord()).batches = 0
-        record = self._explore.setdefault((key, group, busy), _GroupRecord())
-        self._record_pace(tables, index, ratio, busy)  # what a trial is judged against
+        record = self._explore.setdefault((tables.costs.key, group), _GroupRecord())
+        stage = tables.costs.key.split("/", 1)[0]
+        if stage in self._core_weights and not self._ran_alone(tables, index):
+            # a trial times a runtime as warm-up's probe did, alone: while the cores run other
+            # work too, a batch's wall time rewards the runtime that takes more of them, and
+            # the core shares rank the runtimes there (core_shares.py); tried when idle, and
+            # judged against the preferred runtime's correction learnt while idle: the period
+            # starts again, so a trial waits for a period of batches run alone (the correction
+            # then forgot the load's level, ``measured_smoothing``)
+            record.batches = 0
+            return
+        self._record_pace(tables, index, ratio)  # what a trial is judged against
         batch_size = max(1, batch_size)
         record.batches += min(1.0, max(1, items) / batch_size)  # each task reports its share
         if record.batches < record.period:
@@ -355,7 +290,7 @@ class ExploringMixin(CoreSharesMixin):
                 record.batches = 0
                 return  # one trial at a time per resource
             del trials[member]  # its device left placement: it cannot finish
-        runner_up = self._runner_up(tables, index, members, batch_size, busy)
+        runner_up = self._runner_up(tables, index, members, batch_size)
         if runner_up is not None and not tables.resident[runner_up]:
             # its load runs on the cores the resource's runtimes share: paid from the same
             # budget as a trial's batches, EXPLORE_EVERY of the preferred's for one of its own
@@ -370,7 +305,7 @@ class ExploringMixin(CoreSharesMixin):
             tasks = max(TRIAL_TASKS, round(batch_size / max(1, items)))
             warming = not bool(tables.resident[runner_up])
             trials[runner_up] = _Trial(
-                runner_up, index, tasks, warming, busy, left=1 if warming else tasks
+                runner_up, index, tasks, warming, left=1 if warming else tasks
             )
 
     def _ran_alone(self, tables: StageTables, index: int) -> bool:
@@ -382,12 +317,11 @@ class ExploringMixin(CoreSharesMixin):
         return float(self.in_flight.sum()) <= float(tables.pending[index])
 
     def _runner_up(
-        self, tables: StageTables, index: int, members: np.ndarray, batch_size: int, busy: bool
+        self, tables: StageTables, index: int, members: np.ndarray, batch_size: int
     ) -> int | None:
         """The group's other runtime to measure, or None: the best estimate among those that
         may be faster than ``index`` by what the cost model's drift there allows or the probes'
-        spread on either of the two, or warm-up's fastest while ``index`` is not it (with
-        ``busy``, the estimates while the cores run other work: weighed by the shares)."""
+        spread on either of the two, or warm-up's fastest while ``index`` is not it."""
         key = tables.costs.key
         costs = tables.costs
         others = [
@@ -403,11 +337,8 @@ class ExploringMixin(CoreSharesMixin):
         if not others:
             return None
 
-        weights = self._core_weights.get(key.split("/", 1)[0]) if busy else None
-
         def estimate(device: int, correction: float) -> float:
-            weight = float(weights[device]) if weights is not None else 1.0
-            return _batch_estimate(tables, device, batch_size, correction) * weight
+            return _batch_estimate(tables, device, batch_size, correction)
 
         best = min(others, key=lambda m: estimate(m, float(tables.correction[m])))
         calibrated = self._calibrated.get((key, index), 1.0)

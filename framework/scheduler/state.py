@@ -79,11 +79,6 @@ class SchedulerState:
     # stage the weights they give placement while the cores are busy (core_shares.py)
     _core_share: dict[tuple[str, int], float]
     _core_weights: dict[str, np.ndarray]
-    # (stage, compute group) whose busy ranking trials beside other work told apart
-    # (exploring.py): the probes' spread no longer holds it back
-    _busy_told: set[tuple[str, int]]
-    # per (stage, device index): its busy estimate as (reference device, ratio) measured so
-    _busy_ratios: dict[tuple[str, int], tuple[int, float]]
     # a model's load timed where it ran, per (model key, device index): replaces the guess
     _loads: dict[tuple[str, int], float]
 
