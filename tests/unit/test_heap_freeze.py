@@ -4,12 +4,14 @@ collected all the same (framework/engine/heap.py)."""
 from __future__ import annotations
 
 import gc
+import os
 import weakref
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
-from hetero.framework.engine.heap import collect_frozen, freeze_long_lived
+from hetero.framework.engine.heap import collect_frozen, freeze_long_lived, release_free_memory
 
 
 class _Model:
@@ -86,8 +88,6 @@ def test_evicting_a_model_from_a_device_collects_it_in_a_frozen_server() -> None
 
 
 def _rss_bytes() -> int:
-    import os
-
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -95,10 +95,6 @@ def _rss_bytes() -> int:
 def test_memory_freed_before_the_server_is_ready_goes_back_to_the_os() -> None:
     """Warm-up frees much (copies timed and released); glibc keeps such pages in its
     arenas until they are trimmed, which readiness does."""
-    import numpy as np
-
-    from hetero.framework.engine.heap import release_free_memory
-
     if not release_free_memory():
         pytest.skip("no malloc_trim: not glibc")
     blocks = [np.ones(8_000) for _ in range(4_000)]  # 64 KB each: malloc's heap, not mmap
