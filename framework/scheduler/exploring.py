@@ -214,9 +214,8 @@ class ExploringMixin(CoreSharesMixin):
         tells the two apart, the runner-up's estimate is the preferred runtime's times the
         median difference; the period backs off while it stays the slower."""
         key, index, preferred = tables.costs.key, trial.device, trial.preferred
-        evidence = self._pairs.setdefault(
-            (key, min(index, preferred), max(index, preferred)), PairEvidence(min(index, preferred))
-        )
+        first, second = min(index, preferred), max(index, preferred)
+        evidence = self._pairs.setdefault((key, first, second), PairEvidence(first))
         before = self._paces.get((key, preferred))
         baseline = before.median() if before is not None else math.nan
         if not math.isnan(baseline):
