@@ -12,7 +12,8 @@ memory. Bodies have their own limits (``middleware.BodyLimit``).
 
 Why httptools and not uvicorn's pure-Python h11 protocol (which this module guarded until
 2026-12-06): parsing a request's head and framing its response is per-request work on the
-server's one event-loop thread; docs/serving.md gives the figures that decided it.
+server's one event-loop thread; docs/runs/serving.md (fourth session) gives the figures that
+decided it.
 """
 
 from __future__ import annotations
