@@ -213,7 +213,7 @@ class DiskTier:
         inside the read transaction, and the value is left in place for
         :func:`hetero.cache.codec.decode_from`. :meth:`get` slices the value out of a buffer
         into the map instead, which is one copy too but costs a buffer object, a slice and a
-        ``tobytes`` call (0.2 us of a 5 KB read, docs/cache.md)."""
+        ``tobytes`` call (0.2 us of a 5 KB read, docs/runs/cache.md)."""
         env = self._env
         if env is None or self._down_until:
             if not self.up:

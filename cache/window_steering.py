@@ -19,7 +19,7 @@ treats each run of them (below) as a fair coin's toss:
 - otherwise it stays, except that after 8 periods with the very same hits a smaller window is
   tried (else a window grown by a recency phase would never learn that it can shrink).
 
-Two refinements (issue 39; docs/cache.md, sixth session and its second helper):
+Two refinements (issue 39; docs/runs/cache.md, sixth session and its second helper):
 
 - *Disagreements come in runs.* A request of a prefix-cache stream is a run of consecutive blocks
   that hit or miss together, so one request can give 10-30 same-side counts in a row; counted as
@@ -44,7 +44,7 @@ Two refinements (issue 39; docs/cache.md, sixth session and its second helper):
 The last period's verdict also breaks admission ties (:class:`MemoryTier`): where LRU's lead
 passed the growth test (a recency stream) the newer entry wins a tie; a lead inside the noise
 leaves ties to the incumbent (on a frequency stream a coin's luck would otherwise let one-offs
-in: 0.1-0.2 points on the Zipf replay, docs/cache.md). A step is 6.25 % of the budget
+in: 0.1-0.2 points on the Zipf replay, docs/runs/cache.md). A step is 6.25 % of the budget
 (Caffeine's initial step); a period with no disagreement is half the shadow's entries in
 sampled requests (at least 64), one with some ends as above. The sample share is fixed when the
 tier first fills, so that the shadow holds about ``TARGET`` entries: small tiers are shadowed

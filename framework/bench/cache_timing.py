@@ -37,7 +37,7 @@ def _timed_together(*actions: Callable[[], Any], reads: int = READS) -> list[dic
     in an order drawn afresh (seeded, so runs are alike): in a fixed cycle each action always
     follows the same one and inherits what that one left in the CPU's caches (the L3 hit after
     the raw diskcache read measured 1.58-1.60x the raw LMDB read plus decode, 1.41-1.43x with
-    the order drawn, the same code: docs/cache.md). ``REPEATS`` rounds; each figure's p50 is
+    the order drawn, the same code: docs/runs/cache.md). ``REPEATS`` rounds; each figure's p50 is
     the median of the rounds' medians."""
     for _ in range(200):
         for action in actions:
